@@ -1,0 +1,97 @@
+"""The one interface every engine implements, and the registry the trainer picks engines from."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from zerofit.config import OptimConfig, ParallelConfig, PrecisionConfig
+from zerofit.dist import DistContext
+from zerofit.models import ModelSpec
+
+DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+class Backend(ABC):
+    """Owns the wrapped model and its optimizer. The trainer only calls what is declared here.
+
+    One step is: for each micro-batch, `with backend.micro_step(is_last)`: forward through
+    `backend.model`, then `backend.backward(loss)`; then `backend.step(lr)`.
+    """
+
+    name: ClassVar[str]
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def __init__(
+        self,
+        ctx: DistContext,
+        parallel: ParallelConfig,
+        precision: PrecisionConfig,
+        optim: OptimConfig,
+    ) -> None:
+        self.ctx = ctx
+        self.parallel = parallel
+        self.precision = precision
+        self.optim_cfg = optim
+
+    @abstractmethod
+    def setup(self, spec: ModelSpec, init_seed: int) -> None:
+        """Wrap/shard `spec.module` (parameters on meta), materialize it on this rank, build AdamW."""
+
+    @abstractmethod
+    def micro_step(self, is_last: bool) -> AbstractContextManager[None]:
+        """Context around one micro-batch's forward+backward; gradients sync only when is_last."""
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def step(self, lr: float) -> torch.Tensor:
+        """Unscale, clip, optimizer step at `lr`, zero grads. Returns the global grad norm (pre-clip)."""
+
+    @abstractmethod
+    def save(self, path: Path) -> None:
+        """Write model + optimizer state (sharded, collective) under `path`."""
+
+    @abstractmethod
+    def load(self, path: Path) -> None: ...
+
+    def extra_state(self) -> dict:
+        """Small per-rank state (e.g. the loss scaler) saved beside the checkpoint."""
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:  # noqa: B027 - optional hook
+        pass
+
+    def local_param_numel(self) -> Iterator[tuple[str, int, int]]:
+        """(name, local elements on this rank, global elements) for every parameter."""
+        for name, p in self.model.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            yield name, local.numel(), p.numel()
+
+
+_REGISTRY: dict[str, type[Backend]] = {}
+
+
+def register(name: str) -> Callable[[type[Backend]], type[Backend]]:
+    def deco(cls: type[Backend]) -> type[Backend]:
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def get_backend(name: str) -> type[Backend]:
+    return _REGISTRY[name]
+
+
+def registry() -> dict[str, type[Backend]]:
+    return dict(_REGISTRY)

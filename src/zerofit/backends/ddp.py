@@ -1,0 +1,62 @@
+"""DDP, the baseline: every rank holds the whole model; gradients are all-reduced."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from zerofit.backends.base import register
+from zerofit.backends.torch_common import TorchBackend, build_adamw
+from zerofit.models import ModelSpec
+from zerofit.parallelize import apply_ac, apply_compile, get_blocks, materialize_
+
+
+@register("ddp")
+class DDPBackend(TorchBackend):
+    def setup(self, spec: ModelSpec, init_seed: int) -> None:
+        module = spec.module.to(self.master_dtype)
+        blocks = get_blocks(module, spec.blocks_path)
+        apply_ac(blocks, self.parallel.activation_checkpointing, self.parallel.ac_every)
+        if self.parallel.compile:
+            apply_compile(blocks)
+        materialize_(
+            module,
+            self.ctx.device,
+            init_seed=init_seed,
+            init_param_=spec.init_param_,
+            weights=spec.weights,
+        )
+        self.scaler = self.make_scaler()
+        if self.ctx.world_size > 1:
+            ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
+            ddp = DistributedDataParallel(module, device_ids=ids)
+            if self.reduce_dtype != self.master_dtype:
+                hook = {
+                    torch.bfloat16: default_hooks.bf16_compress_hook,
+                    torch.float16: default_hooks.fp16_compress_hook,
+                }
+                if self.reduce_dtype in hook:
+                    ddp.register_comm_hook(None, hook[self.reduce_dtype])
+            self.model = ddp
+        else:
+            self.model = module
+        self.optimizer = build_adamw(self.model, self.optim_cfg, self.ctx.device)
+
+    @contextlib.contextmanager
+    def micro_step(self, is_last: bool) -> Iterator[None]:
+        sync = (
+            contextlib.nullcontext()
+            if is_last or self.ctx.world_size == 1
+            else self.model.no_sync()
+        )
+        autocast = (
+            torch.autocast(self.ctx.device.type, dtype=self.param_dtype)
+            if self.param_dtype != self.master_dtype
+            else contextlib.nullcontext()
+        )
+        with sync, autocast:
+            yield

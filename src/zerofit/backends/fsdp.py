@@ -1,0 +1,53 @@
+"""FSDP2 (`fully_shard`): parameters, gradients and optimizer states sharded over the mesh."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from torch.distributed.fsdp import FSDPModule
+
+from zerofit.backends.base import register
+from zerofit.backends.torch_common import TorchBackend, build_adamw
+from zerofit.models import ModelSpec
+from zerofit.parallelize import apply_ac, apply_compile, apply_fsdp, get_blocks, materialize_
+
+
+@register("fsdp")
+class FSDPBackend(TorchBackend):
+    def setup(self, spec: ModelSpec, init_seed: int) -> None:
+        p = self.parallel
+        module = spec.module.to(self.master_dtype)  # on meta: a dtype change only
+        blocks = get_blocks(module, spec.blocks_path)
+        apply_ac(blocks, p.activation_checkpointing, p.ac_every)
+        if p.compile:
+            apply_compile(blocks)
+        apply_fsdp(
+            module,
+            blocks,
+            self.ctx.mesh,
+            param_dtype=self.param_dtype,
+            reduce_dtype=self.reduce_dtype,
+            reshard_after_forward=p.reshard_after_forward,
+            cpu_offload=p.cpu_offload,
+            wrap=p.wrap,
+            min_num_params=p.min_num_params,
+        )
+        init_device = self.ctx.device if not p.cpu_offload else self.ctx.device.__class__("cpu")
+        materialize_(
+            module,
+            init_device,
+            init_seed=init_seed,
+            init_param_=spec.init_param_,
+            weights=spec.weights,
+        )
+        self.model = module
+        self.scaler = self.make_scaler()
+        self.optimizer = build_adamw(module, self.optim_cfg, init_device)
+
+    @contextlib.contextmanager
+    def micro_step(self, is_last: bool) -> Iterator[None]:
+        assert isinstance(self.model, FSDPModule)
+        # Accumulate unsharded-free: gradients are reduce-scattered only on the last micro-batch.
+        self.model.set_requires_gradient_sync(is_last)
+        yield

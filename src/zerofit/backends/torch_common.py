@@ -1,0 +1,96 @@
+"""What the PyTorch-native engines (DDP, FSDP2) share: AdamW, loss scaling, clipping, DCP checkpoints."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from zerofit.backends.base import DTYPE, Backend
+from zerofit.config import OptimConfig
+
+
+def build_adamw(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on norms or biases)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    fused = cfg.fused if cfg.fused is not None else device.type == "cuda"
+    impl = {"fused": True} if fused else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **impl)
+
+
+class TorchBackend(Backend):
+    """Step, clipping, scaler and DCP checkpointing shared by DDP and FSDP2."""
+
+    scaler: torch.amp.GradScaler | None = None
+
+    def make_scaler(self) -> torch.amp.GradScaler | None:
+        if self.precision.param_dtype != "fp16":
+            return None
+        return torch.amp.GradScaler(self.ctx.device.type)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def step(self, lr: float) -> torch.Tensor:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip is not None else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(
+            [p for p in self.model.parameters() if p.grad is not None], max_norm, foreach=True
+        )
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def save(self, path: Path) -> None:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+
+    def load(self, path: Path) -> None:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+        )
+
+    def extra_state(self) -> dict:
+        return {"scaler": self.scaler.state_dict()} if self.scaler else {}
+
+    def load_extra_state(self, state: dict) -> None:
+        if self.scaler and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+
+    @property
+    def master_dtype(self) -> torch.dtype:
+        return DTYPE[self.precision.master_dtype]
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return DTYPE[self.precision.param_dtype]
+
+    @property
+    def reduce_dtype(self) -> torch.dtype:
+        return DTYPE[self.precision.reduce_dtype]

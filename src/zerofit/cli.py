@@ -1,0 +1,172 @@
+"""`zerofit` command line. Every config key is also a flag: `--train.steps 100`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from zerofit.config import field_help, load_config
+from zerofit.errors import UserError
+
+
+def _options_epilog() -> str:
+    lines = ["config options (set in the YAML file, or override as --section.key VALUE):"]
+    section = ""
+    for key, default, comment in field_help():
+        head = key.split(".")[0]
+        if head != section:
+            section = head
+            lines.append(f"  {section}:")
+        text = f"    --{key} (default {default})"
+        lines.append(f"{text:<52} {comment}".rstrip())
+    lines += [
+        "",
+        "examples:",
+        "  zerofit train                                   # tiny model, stdlib corpus, FSDP, all GPUs or 2 CPU procs",
+        "  zerofit train -c cfg.yaml --nproc 8 --train.steps 1000 --parallel.backend ddp",
+        "  zerofit train -c cfg.yaml --resume               # continue from the latest complete checkpoint",
+    ]
+    return "\n".join(lines)
+
+
+def split_overrides(rest: list[str]) -> list[str]:
+    """['--train.steps', '100', '--optim.lr=3e-4'] -> ['train.steps=100', 'optim.lr=3e-4']."""
+    out, i = [], 0
+    while i < len(rest):
+        tok = rest[i]
+        if not tok.startswith("--") or "." not in tok.split("=", 1)[0]:
+            raise UserError(
+                f"unrecognized argument '{tok}' (config overrides look like --train.steps 100)"
+            )
+        if "=" in tok:
+            out.append(tok[2:])
+            i += 1
+        else:
+            if i + 1 >= len(rest):
+                raise UserError(f"{tok} needs a value")
+            out.append(f"{tok[2:]}={rest[i + 1]}")
+            i += 2
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="zerofit", description="Train LLMs with FSDP2 or DDP behind one config."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser(
+        "train",
+        help="train a model",
+        description="Train a model. Without -c, the embedded default: the tiny preset on this Python's stdlib sources.",
+        epilog=_options_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("-c", "--config", help="YAML config file (default: the embedded defaults)")
+    train.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="processes on this node (default: every GPU, or 2 on CPU)",
+    )
+    train.add_argument(
+        "--nnodes", type=int, default=1, help="number of nodes (torchrun rendezvous)"
+    )
+    train.add_argument("--node-rank", type=int, default=0, help="this node's rank (multi-node)")
+    train.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of node 0 (multi-node)")
+    train.add_argument(
+        "--rdzv-backend", default="static", help="torchrun rendezvous backend (default static)"
+    )
+    train.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        metavar="PATH",
+        help="resume from PATH (a run or checkpoint dir), or from the latest complete checkpoint",
+    )
+    return parser
+
+
+def _print_summary(run_dir: Path) -> None:
+    from rich.console import Console
+
+    from zerofit.progress import summary_table
+
+    summary_file = run_dir / "summary.json"
+    console = Console()
+    if summary_file.is_file():
+        console.print(summary_table(json.loads(summary_file.read_text())))
+    console.print(f"run directory: {run_dir}")
+
+
+def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
+    from zerofit import dist
+    from zerofit.launch import LaunchOptions, check_nproc, default_nproc, prepare_run, spawn
+
+    cfg = load_config(args.config, overrides)
+    opts = LaunchOptions(
+        args.nproc, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_backend, args.resume
+    )
+    if dist.in_launched_worker() or dist.adopt_slurm_env():
+        return _train_joined(cfg, opts)
+    nproc = args.nproc if args.nproc is not None else default_nproc()
+    check_nproc(nproc)
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        raise UserError(f"--node-rank {args.node_rank} is not in [0, --nnodes {args.nnodes})")
+    if args.nnodes > 1 and not cfg.log.run_dir:
+        raise UserError(
+            "multi-node runs need log.run_dir (the same shared directory on every node)"
+        )
+    import torch
+
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    prep = prepare_run(cfg, opts, nproc * args.nnodes, device_type, create=args.node_rank == 0)
+    code = spawn(prep, opts, nproc)
+    if code == 0 and args.node_rank == 0:
+        _print_summary(prep.run_dir)
+    return code
+
+
+def _train_joined(cfg, opts) -> int:  # noqa: ANN001
+    """Started by an external torchrun/srun: rank 0 prepares the run, then every rank trains."""
+    from zerofit.dist import init_distributed, shutdown
+    from zerofit.launch import prepare_run
+    from zerofit.trainer import run_training
+
+    ctx = init_distributed(cfg.parallel.replicate_degree)
+    result: object = None
+    if ctx.is_main:
+        try:
+            result = prepare_run(cfg, opts, ctx.world_size, ctx.device.type)
+        except UserError as e:
+            result = e
+    result = ctx.broadcast_object(result)
+    try:
+        if isinstance(result, UserError):
+            raise result
+        run_training(result.cfg, result.run_dir, result.resume_from)  # type: ignore[union-attr]
+    finally:
+        shutdown()
+    if ctx.is_main:
+        _print_summary(result.run_dir)  # type: ignore[union-attr]
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    try:
+        overrides = split_overrides(rest)
+        handler = {"train": cmd_train}[args.command]
+        return handler(args, overrides)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,415 @@
+"""The typed run configuration: schema, YAML loading, dotted overrides, validation.
+
+Every section is a dataclass. Loading walks the YAML mapping against the dataclass fields, so an
+unknown key is rejected by name (with the closest valid one), and a value of the wrong type is
+rejected with its dotted path. Cross-field checks live in `validate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from zerofit.errors import UserError
+
+DTYPES = ("bf16", "fp16", "fp32")
+
+
+@dataclass
+class ModelConfig:
+    """Which network to train."""
+
+    preset: str | None = "tiny"  # a built-in preset (tiny, small, llama3-1b, llama3-8b, 13b, 70b)
+    hf: str | None = None  # or a local Hugging Face model directory (config.json, *.safetensors)
+    seq_len: int = 256  # tokens per training sequence
+    init_seed: int = 0  # seed of the parameter initialisation
+    overrides: dict[str, Any] = field(default_factory=dict)  # change preset fields, e.g. n_layers
+
+
+@dataclass
+class DataConfig:
+    """What to read and how to tokenize it."""
+
+    source: str | list[str] = (
+        "stdlib"  # "stdlib" (this Python's own sources), or .txt/.jsonl files/dirs
+    )
+    field: str = "text"  # JSONL field holding the document text
+    tokenizer: str = "byte"  # "byte", or a path to a local tokenizer.json
+    val_fraction: float = 0.02  # share of packed sequences held out for eval loss
+    max_tokens: int | None = 4_000_000  # read at most this many tokens (null: everything)
+    seed: int = 0  # shuffling seed
+
+
+@dataclass
+class TrainConfig:
+    """Steps and batch arithmetic."""
+
+    steps: int = 100
+    micro_batch_size: int = 8  # sequences per rank per forward pass
+    grad_accum_steps: int = 1
+    global_batch_size: int | None = None  # if given, must equal micro x accum x data-parallel size
+    eval_every: int = 50  # 0 disables eval
+    eval_batches: int = 4
+    seed: int = 0  # seed of the per-rank RNG (dropout-free models use it for nothing else)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup and cosine decay."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    fused: bool | None = None  # null: fused AdamW where the device supports it
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1  # cosine decays to lr x this
+    grad_clip: float | None = 1.0  # max global grad norm; null disables clipping
+
+
+@dataclass
+class PrecisionConfig:
+    """Mixed precision. `mode` sets defaults for the three dtypes; each may be given explicitly."""
+
+    mode: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    param_dtype: Literal["bf16", "fp16", "fp32"] | None = None  # compute dtype (default: mode)
+    reduce_dtype: Literal["bf16", "fp16", "fp32"] | None = None  # gradient reduction (default fp32)
+    master_dtype: Literal["bf16", "fp16", "fp32"] | None = (
+        None  # stored weights + AdamW (default fp32)
+    )
+
+
+@dataclass
+class ParallelConfig:
+    """How the model is spread over the ranks."""
+
+    backend: str = "fsdp"  # ddp | fsdp
+    reshard_after_forward: bool = True  # FSDP: True = FULL_SHARD, False = SHARD_GRAD_OP
+    replicate_degree: int = (
+        1  # FSDP hybrid sharding: replicas on the outer mesh dim (HYBRID_SHARD > 1)
+    )
+    wrap: Literal["block", "size"] = "block"  # FSDP unit: each transformer block, or size-based
+    min_num_params: int = 100_000_000  # size policy: a unit closes once it holds this many params
+    cpu_offload: bool = False  # FSDP: keep sharded params, grads and optimizer state in host RAM
+    activation_checkpointing: Literal["none", "full", "every_k"] = "none"
+    ac_every: int = 2  # every_k: checkpoint every k-th block
+    compile: bool = False  # torch.compile each block
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str | None = None  # default: <run_dir>/checkpoints
+    every: int = 0  # save every N steps (0: only at the end)
+    keep_last: int = 2  # complete checkpoints kept; older ones are deleted
+
+
+@dataclass
+class LogConfig:
+    run_dir: str | None = None  # default: runs/<timestamp>
+    every: int = 10  # log metrics every N steps
+    jsonl: bool = True  # <run_dir>/metrics.jsonl
+    tensorboard: bool = False  # <run_dir>/tb (needs the tensorboard package)
+    progress: bool = True  # rich progress bar on rank 0
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+# ----------------------------------------------------------------------------- conversion
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(value: Any, tp: Any, path: str) -> Any:
+    """Check/convert one YAML value against a (resolved) type annotation."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, path)
+            except UserError as e:
+                errors.append(str(e))
+        raise UserError(
+            errors[-1] if len(errors) == 1 else f"{path}: {value!r} is not a valid {_type_name(tp)}"
+        )
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise UserError(f"{path}: {value!r} is not one of {', '.join(map(str, choices))}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise UserError(f"{path}: expected a list, got {value!r}")
+        args = typing.get_args(tp)
+        if origin is tuple and len(args) != len(value):
+            raise UserError(f"{path}: expected {len(args)} values, got {len(value)}")
+        items = args if origin is tuple else [args[0]] * len(value)
+        out = [
+            _convert(v, t, f"{path}[{i}]")
+            for i, (v, t) in enumerate(zip(value, items, strict=True))
+        ]
+        return tuple(out) if origin is tuple else out
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"{path}: expected a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        return _from_dict(tp, value, path)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise UserError(f"{path}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise UserError(f"{path}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads 3e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise UserError(f"{path}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise UserError(f"{path}: expected a string, got {value!r}")
+    raise TypeError(f"unsupported annotation {tp!r} at {path}")
+
+
+def _from_dict(cls: type, data: Any, path: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            raise UserError(f"unknown config key '{dotted}'{_suggest(str(key), names, path)}")
+        kwargs[key] = _convert(value, hints[key], dotted)
+    return cls(**kwargs)
+
+
+def _suggest(key: str, names: list[str], path: str) -> str:
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
+    if close:
+        return f" (did you mean '{path + '.' if path else ''}{close[0]}'?)"
+    return f"; valid keys: {', '.join(names)}"
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain, YAML-safe dict of a config (tuples become lists)."""
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, tuple | list):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    return plain(dataclasses.asdict(cfg))
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`["train.steps=100", "optim.lr=3e-4"]` -> nested dict; values are parsed as YAML scalars."""
+    tree: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise UserError(f"override '{item}' must look like section.key=value")
+        key, raw = item.split("=", 1)
+        parts = key.strip().lstrip("-").split(".")
+        if len(parts) < 2 or not all(parts):
+            raise UserError(
+                f"override '{item}' must name a section and a key, e.g. train.steps=100"
+            )
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        node = tree
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise UserError(f"override '{item}' conflicts with another override")
+        node[parts[-1]] = value
+    return tree
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "overrides":
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or "invalid YAML"
+        raise UserError(f"bad YAML in {p}{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{p}: the top level must be a mapping of sections")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config (or the embedded defaults when path is None), apply dotted overrides."""
+    data = read_yaml(path) if path else {}
+    data = _merge(data, parse_overrides(overrides or []))
+    cfg = _from_dict(Config, data, "")
+    validate(cfg)
+    return cfg
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    cfg = _from_dict(Config, data, "")
+    validate(cfg)
+    return cfg
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def validate(cfg: Config) -> None:
+    """Checks that need no hardware or world size (those live in `check_world`)."""
+    m, t, o, p = cfg.model, cfg.train, cfg.optim, cfg.parallel
+    if (m.preset is None) == (m.hf is None):
+        raise UserError("model: give exactly one of model.preset and model.hf")
+    for name, value in [
+        ("model.seq_len", m.seq_len),
+        ("train.steps", t.steps),
+        ("train.micro_batch_size", t.micro_batch_size),
+        ("train.grad_accum_steps", t.grad_accum_steps),
+        ("parallel.replicate_degree", p.replicate_degree),
+        ("parallel.ac_every", p.ac_every),
+        ("log.every", cfg.log.every),
+    ]:
+        if value < 1:
+            raise UserError(f"{name} must be >= 1, got {value}")
+    for name, value in [
+        ("train.eval_every", t.eval_every),
+        ("checkpoint.every", cfg.checkpoint.every),
+        ("optim.warmup_steps", o.warmup_steps),
+    ]:
+        if value < 0:
+            raise UserError(f"{name} must be >= 0, got {value}")
+    if cfg.checkpoint.keep_last < 1:
+        raise UserError(f"checkpoint.keep_last must be >= 1, got {cfg.checkpoint.keep_last}")
+    if not 0.0 <= cfg.data.val_fraction < 1.0:
+        raise UserError(f"data.val_fraction must be in [0, 1), got {cfg.data.val_fraction}")
+    if o.lr <= 0:
+        raise UserError(f"optim.lr must be > 0, got {o.lr}")
+    if not all(0.0 <= b < 1.0 for b in o.betas):
+        raise UserError(f"optim.betas must be in [0, 1), got {list(o.betas)}")
+    if o.grad_clip is not None and o.grad_clip <= 0:
+        raise UserError(f"optim.grad_clip must be > 0 or null, got {o.grad_clip}")
+    from zerofit.backends import backend_names  # late: backends import torch
+
+    if p.backend not in backend_names():
+        raise UserError(
+            f"parallel.backend: unknown backend '{p.backend}'{_suggest(p.backend, backend_names(), 'parallel')}"
+        )
+
+
+def check_world(cfg: Config, world_size: int) -> int:
+    """Batch arithmetic against the world size; returns the data-parallel size."""
+    t, p = cfg.train, cfg.parallel
+    if world_size % p.replicate_degree:
+        raise UserError(
+            f"parallel.replicate_degree={p.replicate_degree} does not divide the world size {world_size}"
+        )
+    dp = world_size
+    expected = t.micro_batch_size * t.grad_accum_steps * dp
+    if t.global_batch_size is not None and t.global_batch_size != expected:
+        raise UserError(
+            f"train.global_batch_size={t.global_batch_size} but micro_batch_size={t.micro_batch_size} "
+            f"x grad_accum_steps={t.grad_accum_steps} x data-parallel size={dp} = {expected}"
+        )
+    return dp
+
+
+def resolve_precision(cfg: PrecisionConfig, device_type: str) -> PrecisionConfig:
+    """Fill `auto` and the unset dtypes, so the saved config states every dtype explicitly."""
+    mode = cfg.mode if cfg.mode != "auto" else ("bf16" if device_type == "cuda" else "fp32")
+    return PrecisionConfig(
+        mode=mode,
+        param_dtype=cfg.param_dtype or mode,
+        reduce_dtype=cfg.reduce_dtype or "fp32",
+        master_dtype=cfg.master_dtype or "fp32",
+    )
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def field_help() -> list[tuple[str, str, str]]:
+    """(dotted key, default, comment) for every option: feeds `zerofit train --help`."""
+    import inspect
+
+    rows = []
+    for section in dataclasses.fields(Config):
+        cls = (
+            section.type
+            if isinstance(section.type, type)
+            else typing.get_type_hints(Config)[section.name]
+        )
+        src = inspect.getsource(cls)
+        comments = {}
+        for line in src.splitlines():
+            stripped = line.strip()
+            if ":" in stripped and "#" in stripped and not stripped.startswith(("#", '"')):
+                comments[stripped.split(":", 1)[0].strip()] = stripped.split("#", 1)[1].strip()
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            if isinstance(default, tuple):
+                default = list(default)
+            rows.append((f"{section.name}.{f.name}", repr(default), comments.get(f.name, "")))
+    return rows

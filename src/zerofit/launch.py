@@ -1,0 +1,177 @@
+"""Run preparation (all input checks happen here, before any worker starts) and process launch.
+
+`zerofit train` starts its own workers through torch.distributed.run (N GPUs, or N gloo CPU
+processes); under an external torchrun or srun it joins that process group instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from zerofit import checkpoint as ckpt
+from zerofit.config import Config, check_world, resolve_precision, save_config
+from zerofit.errors import UserError
+
+
+@dataclass
+class LaunchOptions:
+    nproc: int | None = None  # None: every visible GPU, or 2 CPU processes
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_backend: str = "static"
+    resume: str | None = None  # None: fresh run; "latest": newest checkpoint; or a path
+
+
+@dataclass
+class PreparedRun:
+    cfg: Config
+    run_dir: Path
+    config_file: Path
+    resume_from: Path | None
+
+
+def default_nproc() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def check_nproc(nproc: int) -> None:
+    if nproc < 1:
+        raise UserError(f"--nproc must be >= 1, got {nproc}")
+    if torch.cuda.is_available() and nproc > torch.cuda.device_count():
+        raise UserError(f"--nproc {nproc} but only {torch.cuda.device_count()} GPU(s) are visible")
+
+
+def _find_resume(cfg: Config, resume: str) -> tuple[Path, Path]:
+    """(run_dir, checkpoint) for --resume [PATH]."""
+    if resume != "latest":
+        path = Path(resume)
+        if not path.exists():
+            raise UserError(f"--resume: no such checkpoint or run directory: {path}")
+        if (path / "meta.json").is_file():  # a checkpoint: <run_dir>/checkpoints/step_N
+            return Path(cfg.log.run_dir) if cfg.log.run_dir else path.parent.parent, path
+        root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else path / "checkpoints"
+        found = ckpt.latest_checkpoint(root)
+        if found is None:
+            raise UserError(f"--resume: no complete checkpoint under {root}")
+        return path, found
+    if cfg.log.run_dir:
+        run_dir = Path(cfg.log.run_dir)
+        root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
+        found = ckpt.latest_checkpoint(root)
+        if found is None:
+            raise UserError(f"--resume: no complete checkpoint under {root}")
+        return run_dir, found
+    runs = sorted(
+        (p for p in Path("runs").glob("*") if ckpt.latest_checkpoint(p / "checkpoints")),
+        key=lambda p: p.stat().st_mtime,
+    )
+    if not runs:
+        raise UserError(
+            "--resume: no run with a complete checkpoint under runs/; pass a path or set log.run_dir"
+        )
+    return runs[-1], ckpt.latest_checkpoint(runs[-1] / "checkpoints")  # type: ignore[return-value]
+
+
+def _new_run_dir(cfg: Config) -> Path:
+    if cfg.log.run_dir:
+        run_dir = Path(cfg.log.run_dir)
+        if (run_dir / "config.yaml").exists():
+            raise UserError(
+                f"run directory {run_dir} already holds a run; pass --resume or choose another log.run_dir"
+            )
+        return run_dir
+    base = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    run_dir, n = base, 1
+    while run_dir.exists():
+        run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return run_dir
+
+
+def prepare_run(
+    cfg: Config, opts: LaunchOptions, world_size: int, device_type: str, create: bool = True
+) -> PreparedRun:
+    """Every check that can fail on user input, then the run directory and its resolved config."""
+    from zerofit.trainer import build_inputs, compat_fingerprint, make_loader  # torch-heavy imports
+
+    cfg = replace(cfg, precision=resolve_precision(cfg.precision, device_type))
+    dp = check_world(cfg, world_size)
+    inputs = build_inputs(cfg)
+    make_loader(cfg, inputs.data, 0, dp)  # raises if the data cannot fill one global batch
+    resume_from = None
+    if opts.resume:
+        run_dir, resume_from = _find_resume(cfg, opts.resume)
+        ckpt.check_compatible(
+            resume_from, compat_fingerprint(cfg, inputs.spec, world_size), cfg.parallel.backend
+        )
+        step = ckpt.read_meta(resume_from)["step"]
+        if step >= cfg.train.steps:
+            raise UserError(
+                f"checkpoint {resume_from} is at step {step}; raise train.steps above it to continue"
+            )
+        name = f"config.resume-{step:08d}.yaml"
+    else:
+        run_dir = _new_run_dir(cfg)
+        name = "config.yaml"
+    cfg = replace(cfg, log=replace(cfg.log, run_dir=str(run_dir)))
+    if create:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_file = run_dir / name
+    else:  # a non-zero node of a multi-node run: keep the resolved config local
+        config_file = Path(tempfile.mkdtemp(prefix="zerofit-")) / name
+    save_config(cfg, config_file)
+    return PreparedRun(cfg, run_dir, config_file, resume_from)
+
+
+def worker_argv(prep: PreparedRun) -> list[str]:
+    argv = ["--config", str(prep.config_file), "--run-dir", str(prep.run_dir)]
+    if prep.resume_from:
+        argv += ["--resume", str(prep.resume_from)]
+    return argv
+
+
+def spawn(prep: PreparedRun, opts: LaunchOptions, nproc: int) -> int:
+    """Start `nproc` workers on this node through torch.distributed.run. Returns an exit code."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    logging.getLogger("torch.distributed.run").setLevel(logging.CRITICAL)
+    if "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    args = ["--nproc-per-node", str(nproc), "--nnodes", str(opts.nnodes)]
+    if opts.nnodes == 1 and not opts.rdzv_endpoint:
+        args.append("--standalone")
+    else:
+        if not opts.rdzv_endpoint:
+            raise UserError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+        args += [
+            "--node-rank",
+            str(opts.node_rank),
+            "--rdzv-endpoint",
+            opts.rdzv_endpoint,
+            "--rdzv-backend",
+            opts.rdzv_backend,
+        ]
+    args += ["--module", "zerofit.worker", *worker_argv(prep)]
+    try:
+        run(get_args_parser().parse_args(args))
+    except ChildFailedError as e:
+        codes = {f.local_rank: f.exitcode for f in e.failures.values()}
+        if 2 in codes.values():
+            return 2  # a worker already printed the one-line input error
+        rank, code = next(iter(codes.items()))
+        print(
+            f"error: training failed on local rank {rank} (exit code {code}); its traceback is above",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

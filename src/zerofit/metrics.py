@@ -1,0 +1,123 @@
+"""Throughput, MFU, memory, and where metrics go (JSONL, TensorBoard, rich progress on rank 0)."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Dense bf16 tensor-core peak per GPU, FLOP/s, from the vendors' datasheets (no sparsity).
+# Matched against torch.cuda.get_device_name() by substring, most specific first.
+PEAK_BF16_FLOPS: list[tuple[str, float]] = [
+    ("GH200", 989e12),
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),
+    ("H800", 989e12),
+    ("B200", 2250e12),
+    ("B100", 1750e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
+    ("L4", 121e12),
+    ("A10G", 70e12),
+    ("A10", 125e12),
+    ("RTX 4090", 165e12),
+    ("RTX 3090", 71e12),
+    ("V100", 125e12),
+    ("MI300X", 1307e12),
+    ("MI250X", 383e12),
+]
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Peak dense bf16 FLOP/s of one device, or None (CPU or unknown GPU: MFU is omitted)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in PEAK_BF16_FLOPS:
+        if key in name:
+            return flops
+    return None
+
+
+def memory_stats(device: torch.device) -> dict[str, float]:
+    """Peak GPU allocated/reserved GiB, or peak host RSS GiB on CPU."""
+    if device.type == "cuda":
+        return {
+            "mem_alloc_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+            "mem_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+        }
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    scale = 1 if sys.platform != "darwin" else 1 / 1024
+    return {"mem_rss_gib": rss_kib * scale / 2**20}
+
+
+class Throughput:
+    """Tokens/s and MFU over a window of steps (wall clock; the caller syncs before reading)."""
+
+    def __init__(
+        self, tokens_per_step: int, flops_per_token: float, world_size: int, peak: float | None
+    ):
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.world_size = world_size
+        self.peak = peak
+        self.reset()
+
+    def reset(self) -> None:
+        self.t0 = time.perf_counter()
+        self.steps = 0
+
+    def tick(self) -> None:
+        self.steps += 1
+
+    def read(self) -> dict[str, float]:
+        dt = max(time.perf_counter() - self.t0, 1e-9)
+        tps = self.tokens_per_step * self.steps / dt
+        out = {
+            "tokens_per_s": tps,
+            "tokens_per_s_per_gpu": tps / self.world_size,
+            "step_time_s": dt / max(self.steps, 1),
+        }
+        tflops = self.flops_per_token * tps / self.world_size
+        out["tflops_per_gpu"] = tflops / 1e12
+        if self.peak:
+            out["mfu"] = tflops / self.peak
+        return out
+
+
+class MetricsSink:
+    """Rank 0 writes metrics.jsonl and (optionally) TensorBoard events into the run directory."""
+
+    def __init__(self, run_dir: Path, jsonl: bool, tensorboard: bool, enabled: bool):
+        self.enabled = enabled
+        self.file = open(run_dir / "metrics.jsonl", "a") if (enabled and jsonl) else None  # noqa: SIM115
+        self.tb = None
+        if enabled and tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / "tb"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        if self.tb:
+            step = record["step"]
+            for k, v in record.items():
+                if k != "step" and isinstance(v, int | float):
+                    self.tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+        if self.tb:
+            self.tb.close()

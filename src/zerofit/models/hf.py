@@ -1,0 +1,259 @@
+"""Hugging Face causal LMs as a second model source.
+
+``build_hf(directory)`` reads ``config.json`` (no network), builds ``AutoModelForCausalLM`` with
+parameters on the meta device (buffers real), and wraps it in ``HFCausalLM`` whose
+``forward(tokens) -> logits``. The HF model sits under the attribute ``hf``, so adapter parameter
+names are ``"hf." + <HF state-dict name>``. ``HFWeights`` reads safetensors one tensor at a time.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from zerofit.errors import UserError
+from zerofit.models.llama import strip_wrapper_names
+from zerofit.models.meta import meta_params
+
+PREFIX = "hf."
+# Config keys that describe the run or the file, not the architecture.
+_NOT_ARCHITECTURE = {
+    "transformers_version", "_name_or_path", "torch_dtype", "dtype", "use_cache", "return_dict",
+    "output_hidden_states", "output_attentions", "_attn_implementation", "_commit_hash",
+    "attn_implementation", "id2label", "label2id", "problem_type", "tokenizer_class",
+}  # fmt: skip
+
+
+class HFCausalLM(nn.Module):
+    """Adapter: ``forward(tokens [B, T]) -> logits [B, T, V]`` over an HF causal LM in ``self.hf``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.hf = model
+        self.init_std = float(getattr(model.config, "initializer_range", None) or 0.02)
+        # Full shapes by clean name, taken now, before any wrapper or sharding renames/splits them.
+        self._full_shapes = {
+            strip_wrapper_names(n): tuple(p.shape) for n, p in self.named_parameters()
+        }
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.hf(input_ids=tokens, use_cache=False).logits
+
+    @torch.no_grad()
+    def init_param_(self, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
+        """Fill one full parameter in place: norm weights -> 1, biases -> 0, else normal(0, std).
+
+        ``std`` is ``config.initializer_range`` (0.02 if unset). Only ``generator`` gives randomness.
+        """
+        clean = strip_wrapper_names(name)
+        shapes = self._full_shapes
+        if clean not in shapes:
+            raise ValueError(f"unknown parameter name for this Hugging Face model: {name!r}")
+        if tuple(tensor.shape) != shapes[clean]:
+            raise ValueError(
+                f"{name}: expected full shape {shapes[clean]}, got {tuple(tensor.shape)}"
+            )
+        parts = clean.split(".")
+        owner = parts[-2] if len(parts) > 1 else ""
+        if parts[-1] == "bias":
+            tensor.zero_()
+        elif tensor.dim() == 1 and ("norm" in owner.lower() or owner.startswith("ln")):
+            tensor.fill_(1.0)
+        else:
+            tmp = torch.empty(tensor.shape, dtype=torch.float32, device=tensor.device)
+            tmp.normal_(0.0, self.init_std, generator=generator)
+            tensor.copy_(tmp)
+
+
+@dataclass
+class HFInfo:
+    """What ``build_hf`` learned about the model, enough to fill a ``ModelSpec``."""
+
+    config: Any
+    blocks_path: str
+    vocab_size: int
+    max_seq_len: int
+    num_params: int
+    num_params_for_flops: int  # all params except the input embedding (a tied head counts)
+    num_layers: int
+    hidden_size: int
+    fingerprint: dict = field(default_factory=dict)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        return 6.0 * self.num_params_for_flops + 12.0 * self.num_layers * self.hidden_size * seq_len
+
+
+def _find_blocks(module: nn.Module, block_names: set[str]) -> str:
+    """Dotted path of the decoder-layer ModuleList: children in ``block_names``, else all one class."""
+    fallback = None
+    for path, sub in module.named_modules():
+        if not isinstance(sub, nn.ModuleList) or len(sub) == 0:
+            continue
+        kinds = {type(child).__name__ for child in sub}
+        if len(kinds) == 1:
+            if kinds <= block_names:
+                return path
+            fallback = fallback or path
+    if fallback is None:
+        raise UserError("could not find the decoder layers (an nn.ModuleList) in the HF model")
+    return fallback
+
+
+def _fingerprint(config: Any) -> dict:
+    raw = {k: v for k, v in config.to_dict().items() if k not in _NOT_ARCHITECTURE}
+    return {"source": "hf", "config": json.loads(json.dumps(raw, sort_keys=True, default=str))}
+
+
+def load_config(directory: str, overrides: dict | None = None) -> Any:
+    """The ``AutoConfig`` in ``directory`` with ``overrides`` applied; UserError on bad input."""
+    try:
+        from transformers import AutoConfig
+    except ImportError as e:
+        raise UserError("model.hf needs the 'transformers' package: pip install zerofit[hf]") from e
+    if not os.path.isdir(directory):
+        raise UserError(f"Hugging Face model directory not found: {directory}")
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        raise UserError(f"no config.json in Hugging Face model directory {directory}")
+    try:
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot read {directory}/config.json: {first}") from e
+    known = config.to_dict()
+    for key, value in (overrides or {}).items():
+        if key not in known:
+            raise UserError(f"unknown model override {key!r} for {type(config).__name__}")
+        setattr(config, key, value)
+    return config
+
+
+def build_hf(directory: str, overrides: dict | None = None) -> tuple[HFCausalLM, HFInfo]:
+    """Build the HF causal LM in ``directory`` with meta parameters; returns (adapter, info)."""
+    from transformers import AutoModelForCausalLM
+
+    config = load_config(directory, overrides)
+    try:
+        with meta_params():
+            model = AutoModelForCausalLM.from_config(config)
+    except (ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot build a causal LM from {directory}/config.json: {first}") from e
+    adapter = HFCausalLM(model)
+    blocks = PREFIX + _find_blocks(model, set(getattr(model, "_no_split_modules", None) or ()))
+
+    total = sum(p.numel() for p in adapter.parameters())
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight is embed
+    for_flops = total - embed.numel() + (embed.numel() if tied else 0)
+
+    num_layers = getattr(config, "num_hidden_layers", None) or len(adapter.get_submodule(blocks))
+    hidden = getattr(config, "hidden_size", None) or embed.shape[1]
+    max_seq = getattr(config, "max_position_embeddings", None)
+    if max_seq is None:
+        raise UserError(f"{directory}/config.json has no max_position_embeddings")
+    info = HFInfo(
+        config=config,
+        blocks_path=blocks,
+        vocab_size=int(config.vocab_size),
+        max_seq_len=int(max_seq),
+        num_params=total,
+        num_params_for_flops=for_flops,
+        num_layers=int(num_layers),
+        hidden_size=int(hidden),
+        fingerprint=_fingerprint(config),
+    )
+    return adapter, info
+
+
+class HFWeights(Mapping[str, torch.Tensor]):
+    """Lazy ``adapter param name -> full tensor`` over safetensors files; also callable.
+
+    Names may carry wrapper segments; a missing ``lm_head.weight`` falls back to the input
+    embedding (tied checkpoints), and a missing base-model prefix (``model.``) is tolerated.
+    """
+
+    def __init__(self, files: dict[str, str], prefix: str = PREFIX, aliases: dict | None = None):
+        self._files = files  # HF tensor name -> file path
+        self._prefix = prefix
+        self._aliases = aliases or {}
+
+    def _resolve(self, name: str) -> str:
+        key = strip_wrapper_names(name)
+        if self._prefix and key.startswith(self._prefix):
+            key = key[len(self._prefix) :]
+        for c in (key, self._aliases.get(key)):
+            # Checkpoints of a bare base model lack the "model." prefix; tolerate either way.
+            for variant in (c, c and c.removeprefix("model."), c and "model." + c):
+                if variant and variant in self._files:
+                    return variant
+        raise KeyError(name)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        key = self._resolve(name)
+        with safe_open(self._files[key], framework="pt", device="cpu") as f:
+            return f.get_tensor(key)
+
+    def __call__(self, name: str) -> torch.Tensor:
+        return self[name]
+
+    def __contains__(self, name: object) -> bool:
+        try:
+            self._resolve(str(name))
+        except KeyError:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return (self._prefix + k for k in self._files)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+
+def _tensor_files(directory: str) -> dict[str, str]:
+    from safetensors import safe_open
+
+    single = os.path.join(directory, "model.safetensors")
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            weight_map = json.load(f).get("weight_map", {})
+        return {k: os.path.join(directory, v) for k, v in weight_map.items()}
+    paths = (
+        [single]
+        if os.path.isfile(single)
+        else sorted(glob.glob(os.path.join(directory, "model-*.safetensors")))
+    )
+    files: dict[str, str] = {}
+    for path in paths:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            files.update(dict.fromkeys(f.keys(), path))
+    return files
+
+
+def load_hf_weights(directory: str, model: HFCausalLM | None = None) -> HFWeights | None:
+    """Lazy weights of the safetensors checkpoint in ``directory``, or None when there is none.
+
+    Pass the adapter ``model`` so a missing output head can fall back to the input embedding.
+    """
+    files = _tensor_files(directory)
+    if not files:
+        return None
+    aliases = {"lm_head.weight": "model.embed_tokens.weight"}
+    if model is not None:
+        named = list(model.hf.named_parameters(remove_duplicate=False))
+        embed, head = model.hf.get_input_embeddings(), model.hf.get_output_embeddings()
+        embed_name = next(n for n, p in named if p is embed.weight)
+        if head is not None:
+            aliases = {n: embed_name for n, p in named if p is head.weight and n != embed_name}
+    return HFWeights(files, PREFIX, aliases)

@@ -1,0 +1,140 @@
+"""Model transforms, applied in torchtitan's order: AC -> compile -> per-block shard -> root.
+
+Each `apply_*` takes explicit arguments (no config object), so it can be used on its own.
+`materialize_` then allocates the (possibly sharded) parameters on the real device and fills them
+with a deterministic, sharding-independent init: every parameter is generated in full from its own
+seed (derived from the init seed and its name) and each rank keeps only its shard. No rank ever
+holds more than one full parameter at a time.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from zerofit.models.llama import strip_wrapper_names
+from zerofit.models.meta import allocate_
+
+
+def get_blocks(model: nn.Module, blocks_path: str) -> nn.ModuleList:
+    blocks = model.get_submodule(blocks_path)
+    assert isinstance(blocks, nn.ModuleList), f"{blocks_path} is not a ModuleList"
+    return blocks
+
+
+def apply_ac(blocks: nn.ModuleList, mode: str, every: int = 1) -> int:
+    """Activation checkpointing: 'full' wraps every block, 'every_k' every `every`-th. Returns count."""
+    if mode == "none":
+        return 0
+    step = 1 if mode == "full" else every
+    wrapped = 0
+    for i, block in enumerate(list(blocks)):
+        if i % step == 0:
+            blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+            wrapped += 1
+    return wrapped
+
+
+def apply_compile(blocks: nn.ModuleList) -> None:
+    """torch.compile each block separately: one graph per block, reused across identical blocks."""
+    for i, block in enumerate(list(blocks)):
+        blocks[i] = torch.compile(block, fullgraph=True)
+
+
+def apply_fsdp(
+    model: nn.Module,
+    blocks: nn.ModuleList,
+    mesh: DeviceMesh,
+    *,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    reshard_after_forward: bool,
+    cpu_offload: bool,
+    wrap: str = "block",
+    min_num_params: int = 100_000_000,
+) -> list[nn.Module]:
+    """FSDP2: shard per transformer block (or by size), then the root. Returns the FSDP units."""
+    kwargs = {
+        "mesh": mesh,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+        "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
+    }
+    units: list[nn.Module] = []
+    if wrap == "block":
+        for i, block in enumerate(blocks):
+            # The last block's params are needed again at once by backward: keep them unsharded.
+            last = i == len(blocks) - 1
+            fully_shard(block, reshard_after_forward=reshard_after_forward and not last, **kwargs)
+            units.append(block)
+    else:
+        units = _size_units(model, min_num_params)
+        for unit in units:
+            fully_shard(unit, reshard_after_forward=reshard_after_forward, **kwargs)
+    fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)
+    units.append(model)
+    return units
+
+
+def _size_units(model: nn.Module, min_num_params: int) -> list[nn.Module]:
+    """Size-based policy (as FSDP1's size_based_auto_wrap_policy): post-order, a module becomes a
+    unit once the parameters not yet claimed by a unit below it reach `min_num_params`."""
+    units: list[nn.Module] = []
+
+    def visit(module: nn.Module) -> int:
+        unclaimed = sum(p.numel() for p in module.parameters(recurse=False))
+        for child in module.children():
+            unclaimed += visit(child)
+        if module is not model and unclaimed >= min_num_params:
+            units.append(module)
+            return 0
+        return unclaimed
+
+    visit(model)
+    return units
+
+
+def param_seed(init_seed: int, name: str) -> int:
+    return (init_seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+
+
+def materialize_(
+    model: nn.Module,
+    device: torch.device,
+    *,
+    init_seed: int,
+    init_param_: Callable[[str, torch.Tensor, torch.Generator], None],
+    weights: Callable[[str], torch.Tensor] | None = None,
+) -> None:
+    """Allocate meta parameters on `device` and fill them (weights from disk, else seeded init)."""
+    allocate_(model, device)
+    with torch.no_grad():
+        gen_device = device if device.type == "cuda" else torch.device("cpu")
+        gen = torch.Generator(device=gen_device)
+        for name, param in model.named_parameters():
+            bare = strip_wrapper_names(name)
+            full = torch.empty(param.shape, dtype=torch.float32, device=gen_device)
+            if weights is not None:
+                full.copy_(weights(bare))
+            else:
+                gen.manual_seed(param_seed(init_seed, bare))
+                init_param_(bare, full, gen)
+            if isinstance(param, DTensor):
+                local = distribute_tensor(
+                    full, param.device_mesh, param.placements, src_data_rank=None
+                )
+                param.to_local().copy_(local.to_local())
+            else:
+                param.copy_(full)
+            del full

@@ -1,0 +1,100 @@
+"""Rank-0 progress display: a rich progress bar on a terminal, plain log lines otherwise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
+from rich.table import Table
+
+
+def format_record(r: dict[str, Any]) -> str:
+    parts = []
+    if "loss" in r:
+        parts.append(f"loss {r['loss']:.4f}")
+    if "eval_loss" in r:
+        parts.append(f"eval {r['eval_loss']:.4f}")
+    if "tokens_per_s" in r:
+        parts.append(f"{r['tokens_per_s']:,.0f} tok/s")
+    if "mfu" in r:
+        parts.append(f"MFU {100 * r['mfu']:.1f}%")
+    if "mem_alloc_gib" in r:
+        parts.append(f"mem {r['mem_alloc_gib']:.1f}/{r['mem_reserved_gib']:.1f} GiB")
+    elif "mem_rss_gib" in r:
+        parts.append(f"rss {r['mem_rss_gib']:.2f} GiB")
+    return "  ".join(parts)
+
+
+class Progress:
+    def __init__(self, total: int, start: int, enabled: bool):
+        self.enabled = enabled
+        self.console = Console(stderr=False)
+        self.live = enabled and self.console.is_terminal
+        self.bar: RichProgress | None = None
+        if self.live:
+            self.bar = RichProgress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[stats]}"),
+                console=self.console,
+            )
+            self.task = self.bar.add_task("train", total=total, completed=start, stats="")
+
+    def __enter__(self) -> Progress:
+        if self.bar:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar:
+            self.bar.__exit__(*exc)
+
+    def update(self, step: int, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        text = format_record(record)
+        if self.bar:
+            self.bar.update(self.task, stats=text)
+        else:
+            self.console.print(f"step {step:>6}  {text}", highlight=False)
+
+    def advance(self, step: int) -> None:
+        if self.bar:
+            self.bar.update(self.task, completed=step)
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    table = Table(title="zerofit run summary", show_header=False)
+    rows = [
+        ("steps", f"{summary.get('start_step', 0)} -> {summary.get('step', '?')}"),
+        ("final loss", f"{summary['loss']:.4f}" if "loss" in summary else "-"),
+        ("eval loss", f"{summary['eval_loss']:.4f}" if "eval_loss" in summary else "-"),
+        ("tokens/s", f"{summary['tokens_per_s']:,.0f}" if "tokens_per_s" in summary else "-"),
+        (
+            "tokens/s per GPU",
+            f"{summary['tokens_per_s_per_gpu']:,.0f}" if "tokens_per_s_per_gpu" in summary else "-",
+        ),
+        ("MFU", f"{100 * summary['mfu']:.1f}%" if "mfu" in summary else "- (no GPU peak known)"),
+    ]
+    if "mem_alloc_gib" in summary:
+        rows.append(
+            (
+                "peak memory",
+                f"{summary['mem_alloc_gib']:.2f} GiB allocated, {summary['mem_reserved_gib']:.2f} reserved",
+            )
+        )
+    elif "mem_rss_gib" in summary:
+        rows.append(("peak host RSS (rank 0)", f"{summary['mem_rss_gib']:.2f} GiB"))
+    rows += [
+        ("ranks", str(summary.get("world_size", "?"))),
+        ("wall time", f"{summary.get('wall_time_s', 0):.1f} s"),
+        ("checkpoint", str(summary.get("checkpoint", "-"))),
+        ("run dir", str(summary.get("run_dir", "-"))),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    return table

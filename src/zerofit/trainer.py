@@ -1,0 +1,241 @@
+"""The training loop. Engine-agnostic: everything engine-specific is behind `Backend`."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from zerofit import checkpoint as ckpt
+from zerofit.backends import Backend, get_backend
+from zerofit.config import Config, check_world
+from zerofit.data import DataBundle, PackedLoader, build_data, eval_batches
+from zerofit.dist import DistContext, init_distributed
+from zerofit.errors import UserError
+from zerofit.metrics import MetricsSink, Throughput, memory_stats, peak_flops
+from zerofit.models import ModelSpec, build_model
+from zerofit.progress import Progress
+from zerofit.schedule import lr_at
+
+
+@dataclass
+class RunInputs:
+    """What a run is built from; also used by the launcher to check input before starting workers."""
+
+    spec: ModelSpec
+    data: DataBundle
+
+
+def build_inputs(cfg: Config) -> RunInputs:
+    spec = build_model(cfg.model.preset, cfg.model.hf, cfg.model.overrides)
+    if cfg.model.seq_len > spec.max_seq_len:
+        raise UserError(
+            f"model.seq_len={cfg.model.seq_len} is above the model's maximum {spec.max_seq_len}"
+        )
+    d = cfg.data
+    data = build_data(
+        d.source, d.tokenizer, d.field, cfg.model.seq_len, d.val_fraction, d.max_tokens, d.seed
+    )
+    if data.tokenizer.vocab_size > spec.vocab_size:
+        raise UserError(
+            f"tokenizer has {data.tokenizer.vocab_size} tokens but the model's vocabulary is {spec.vocab_size}"
+        )
+    return RunInputs(spec, data)
+
+
+def make_loader(cfg: Config, data: DataBundle, dp_rank: int, dp_size: int) -> PackedLoader:
+    t = cfg.train
+    return PackedLoader(
+        data.train,
+        micro_batch_size=t.micro_batch_size,
+        grad_accum_steps=t.grad_accum_steps,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        seed=cfg.data.seed,
+    )
+
+
+def compat_fingerprint(cfg: Config, spec: ModelSpec, world_size: int) -> dict[str, Any]:
+    """What a checkpoint must agree on to be resumed exactly."""
+    return {
+        **{f"model.{k}": v for k, v in spec.fingerprint.items()},
+        "model.seq_len": cfg.model.seq_len,
+        "precision.master_dtype": cfg.precision.master_dtype,
+        "train.micro_batch_size": cfg.train.micro_batch_size,
+        "train.grad_accum_steps": cfg.train.grad_accum_steps,
+        "data.source": cfg.data.source,
+        "data.tokenizer": cfg.data.tokenizer,
+        "world_size": world_size,
+    }
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+class Trainer:
+    def __init__(self, cfg: Config, run_dir: Path, ctx: DistContext):
+        self.cfg, self.run_dir, self.ctx = cfg, run_dir, ctx
+        check_world(cfg, ctx.world_size)
+        torch.manual_seed(cfg.train.seed + ctx.rank)
+        inputs = build_inputs(cfg)
+        self.spec, self.data = inputs.spec, inputs.data
+        self.loader = make_loader(cfg, self.data, ctx.dp_rank, ctx.dp_size)
+        backend_cls = get_backend(cfg.parallel.backend)
+        self.backend: Backend = backend_cls(ctx, cfg.parallel, cfg.precision, cfg.optim)
+        self.backend.setup(self.spec, cfg.model.init_seed)
+        self.ckpt_root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
+        self.fingerprint = compat_fingerprint(cfg, self.spec, ctx.world_size)
+        self.step = 0
+
+    # ------------------------------------------------------------------ checkpoints
+    def resume(self, path: Path) -> None:
+        ckpt.check_compatible(path, self.fingerprint, self.cfg.parallel.backend)
+        self.step, state = ckpt.load_checkpoint(self.backend, path)
+        self.loader.load_state_dict(state["data"])
+        self.backend.load_extra_state(state["backend"])
+        ckpt.set_rng_state(state["rng"])
+
+    def save(self) -> Path:
+        state = {
+            "data": self.loader.state_dict(),
+            "rng": ckpt.rng_state(),
+            "backend": self.backend.extra_state(),
+        }
+        meta = {
+            "backend": self.cfg.parallel.backend,
+            "fingerprint": self.fingerprint,
+            "world_size": self.ctx.world_size,
+        }
+        return ckpt.save_checkpoint(
+            self.backend, self.ckpt_root, self.step, state, meta, self.cfg.checkpoint.keep_last
+        )
+
+    # ------------------------------------------------------------------ steps
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        accum = self.cfg.train.grad_accum_steps
+        device = self.ctx.device
+        total = torch.zeros((), device=device)
+        for a in range(accum):
+            inputs, targets = self.loader.next_microbatch()
+            inputs = inputs.to(device, non_blocking=True)
+            targets = targets.to(device, non_blocking=True)
+            with self.backend.micro_step(is_last=a == accum - 1):
+                loss = loss_fn(self.backend.model(inputs), targets) / accum
+                self.backend.backward(loss)
+            total += loss.detach()
+        o = self.cfg.optim
+        lr = lr_at(
+            self.step,
+            lr=o.lr,
+            warmup_steps=o.warmup_steps,
+            total_steps=self.cfg.train.steps,
+            min_lr_ratio=o.min_lr_ratio,
+        )
+        grad_norm = self.backend.step(lr)
+        self.step += 1
+        return total, grad_norm
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        model = self.backend.model
+        model.eval()
+        batches = eval_batches(
+            self.data.val,
+            self.cfg.train.micro_batch_size,
+            self.ctx.dp_rank,
+            self.ctx.dp_size,
+            self.cfg.train.eval_batches,
+        )
+        total = torch.zeros((), device=self.ctx.device)
+        for inputs, targets in batches:
+            with self.backend.micro_step(is_last=True):
+                logits = model(inputs.to(self.ctx.device))
+            total += loss_fn(logits, targets.to(self.ctx.device))
+        model.train()
+        return self.ctx.all_reduce_mean(total / len(batches)).item()
+
+    def fit(self) -> dict[str, Any]:
+        cfg, ctx = self.cfg, self.ctx
+        t = cfg.train
+        tokens_per_step = t.micro_batch_size * t.grad_accum_steps * ctx.dp_size * cfg.model.seq_len
+        meter = Throughput(
+            tokens_per_step,
+            self.spec.flops_per_token(cfg.model.seq_len),
+            ctx.world_size,
+            peak_flops(ctx.device),
+        )
+        sink = MetricsSink(self.run_dir, cfg.log.jsonl, cfg.log.tensorboard, ctx.is_main)
+        progress = Progress(t.steps, self.step, enabled=ctx.is_main and cfg.log.progress)
+        loss_sum = torch.zeros((), device=ctx.device)
+        window = 0
+        summary: dict[str, Any] = {"run_dir": str(self.run_dir), "start_step": self.step}
+        last_saved = self.step
+        t_start = time.perf_counter()
+        self.backend.model.train()
+        with progress:
+            while self.step < t.steps:
+                loss, grad_norm = self.train_step()
+                loss_sum += loss
+                window += 1
+                meter.tick()
+                record: dict[str, Any] | None = None
+                if self.step % cfg.log.every == 0 or self.step == t.steps:
+                    if ctx.device.type == "cuda":
+                        torch.cuda.synchronize(ctx.device)
+                    record = {
+                        "step": self.step,
+                        "loss": ctx.all_reduce_mean(loss_sum / window).item(),
+                    }
+                    record["grad_norm"] = float(grad_norm)
+                    o = cfg.optim
+                    record["lr"] = lr_at(
+                        self.step - 1,
+                        lr=o.lr,
+                        warmup_steps=o.warmup_steps,
+                        total_steps=t.steps,
+                        min_lr_ratio=o.min_lr_ratio,
+                    )
+                    record.update(meter.read())
+                    record.update(memory_stats(ctx.device))
+                    loss_sum.zero_()
+                    window = 0
+                    meter.reset()
+                if (
+                    t.eval_every
+                    and (self.step % t.eval_every == 0 or self.step == t.steps)
+                    and len(self.data.val)
+                ):
+                    record = record or {"step": self.step}
+                    record["eval_loss"] = self.evaluate()
+                if record is not None:
+                    sink.write(record)
+                    progress.update(self.step, record)
+                    summary.update(record)
+                if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                    self.save()
+                    last_saved = self.step
+                progress.advance(self.step)
+        if last_saved != self.step or not ckpt.latest_checkpoint(self.ckpt_root):
+            self.save()
+        summary["checkpoint"] = str(ckpt.latest_checkpoint(self.ckpt_root))
+        summary["wall_time_s"] = time.perf_counter() - t_start
+        summary["world_size"] = ctx.world_size
+        summary["num_params"] = self.spec.num_params
+        sink.close()
+        if ctx.is_main:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
+
+
+def run_training(cfg: Config, run_dir: Path, resume: Path | None) -> dict[str, Any]:
+    ctx = init_distributed(cfg.parallel.replicate_degree)
+    trainer = Trainer(cfg, run_dir, ctx)
+    if resume is not None:
+        trainer.resume(resume)
+    return trainer.fit()

@@ -1,0 +1,36 @@
+"""Entry point of one training process (started by torch.distributed.run from `zerofit train`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from zerofit.config import load_config
+from zerofit.errors import UserError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="zerofit.worker")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--resume", default=None)
+    args = parser.parse_args(argv)
+    from zerofit.dist import shutdown
+    from zerofit.trainer import run_training
+
+    try:
+        cfg = load_config(args.config)
+        run_training(cfg, Path(args.run_dir), Path(args.resume) if args.resume else None)
+    except UserError as e:
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
