@@ -13,110 +13,115 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated as A
 from typing import Any, Literal
 
 import yaml
 
 from zerofit.errors import UserError
 
-DTYPES = ("bf16", "fp16", "fp32")
+Dtype = Literal["bf16", "fp16", "fp32"]
 
 
 @dataclass
 class ModelConfig:
     """Which network to train."""
 
-    preset: str | None = "tiny"  # a built-in preset (tiny, small, llama3-1b, llama3-8b, 13b, 70b)
-    hf: str | None = None  # or a local Hugging Face model directory (config.json, *.safetensors)
-    seq_len: int = 256  # tokens per training sequence
-    init_seed: int = 0  # seed of the parameter initialisation
-    overrides: dict[str, Any] = field(default_factory=dict)  # change preset fields, e.g. n_layers
+    preset: A[str | None, "a built-in preset: tiny, small, llama3-1b, llama3-8b, 13b, 70b"] = "tiny"
+    hf: A[str | None, "or a local Hugging Face model directory (config.json, *.safetensors)"] = None
+    seq_len: A[int, "tokens per training sequence"] = 256
+    init_seed: A[int, "seed of the parameter initialisation"] = 0
+    overrides: A[dict[str, Any], "change preset/HF config fields, e.g. {n_layers: 2}"] = field(
+        default_factory=dict
+    )
 
 
 @dataclass
 class DataConfig:
     """What to read and how to tokenize it."""
 
-    source: str | list[str] = (
-        "stdlib"  # "stdlib" (this Python's own sources), or .txt/.jsonl files/dirs
-    )
-    field: str = "text"  # JSONL field holding the document text
-    tokenizer: str = "byte"  # "byte", or a path to a local tokenizer.json
-    val_fraction: float = 0.02  # share of packed sequences held out for eval loss
-    max_tokens: int | None = 4_000_000  # read at most this many tokens (null: everything)
-    seed: int = 0  # shuffling seed
+    source: A[
+        str | list[str], "'stdlib' (this Python's own sources), or .txt/.jsonl files or dirs"
+    ] = "stdlib"
+    field: A[str, "JSONL field holding the document text"] = "text"
+    tokenizer: A[str, "'byte', or a path to a local tokenizer.json"] = "byte"
+    val_fraction: A[float, "share of packed sequences held out for eval loss"] = 0.02
+    max_tokens: A[int | None, "read at most this many tokens (null: everything)"] = 4_000_000
+    seed: A[int, "shuffling and split seed"] = 0
 
 
 @dataclass
 class TrainConfig:
     """Steps and batch arithmetic."""
 
-    steps: int = 100
-    micro_batch_size: int = 8  # sequences per rank per forward pass
-    grad_accum_steps: int = 1
-    global_batch_size: int | None = None  # if given, must equal micro x accum x data-parallel size
-    eval_every: int = 50  # 0 disables eval
-    eval_batches: int = 4
-    seed: int = 0  # seed of the per-rank RNG (dropout-free models use it for nothing else)
+    steps: A[int, "optimizer steps"] = 100
+    micro_batch_size: A[int, "sequences per rank per forward pass"] = 8
+    grad_accum_steps: A[int, "micro-batches per optimizer step"] = 1
+    global_batch_size: A[int | None, "if given, must equal micro x accum x data-parallel size"] = (
+        None
+    )
+    eval_every: A[int, "eval loss every N steps (0: never)"] = 50
+    eval_batches: A[int, "micro-batches per rank in one eval"] = 4
+    seed: A[int, "seed of the per-rank torch RNG"] = 0
 
 
 @dataclass
 class OptimConfig:
     """AdamW with linear warmup and cosine decay."""
 
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    fused: bool | None = None  # null: fused AdamW where the device supports it
-    warmup_steps: int = 20
-    min_lr_ratio: float = 0.1  # cosine decays to lr x this
-    grad_clip: float | None = 1.0  # max global grad norm; null disables clipping
+    lr: A[float, "peak learning rate"] = 1e-3
+    weight_decay: A[float, "AdamW decoupled weight decay (matrices only)"] = 0.1
+    betas: A[tuple[float, float], "AdamW betas"] = (0.9, 0.95)
+    eps: A[float, "AdamW epsilon"] = 1e-8
+    fused: A[bool | None, "fused AdamW (null: on GPU, foreach on CPU)"] = None
+    warmup_steps: A[int, "linear warmup steps"] = 20
+    min_lr_ratio: A[float, "cosine decays to lr x this"] = 0.1
+    grad_clip: A[float | None, "max global grad norm (null: no clipping)"] = 1.0
 
 
 @dataclass
 class PrecisionConfig:
     """Mixed precision. `mode` sets defaults for the three dtypes; each may be given explicitly."""
 
-    mode: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
-    param_dtype: Literal["bf16", "fp16", "fp32"] | None = None  # compute dtype (default: mode)
-    reduce_dtype: Literal["bf16", "fp16", "fp32"] | None = None  # gradient reduction (default fp32)
-    master_dtype: Literal["bf16", "fp16", "fp32"] | None = (
-        None  # stored weights + AdamW (default fp32)
-    )
+    mode: A[Literal["auto", "bf16", "fp16", "fp32"], "auto: bf16 on GPU, fp32 on CPU"] = "auto"
+    param_dtype: A[Dtype | None, "compute dtype of forward/backward (default: mode)"] = None
+    reduce_dtype: A[Dtype | None, "gradient reduction dtype (default: fp32)"] = None
+    master_dtype: A[Dtype | None, "stored weights and AdamW states (default: fp32)"] = None
 
 
 @dataclass
 class ParallelConfig:
     """How the model is spread over the ranks."""
 
-    backend: str = "fsdp"  # ddp | fsdp
-    reshard_after_forward: bool = True  # FSDP: True = FULL_SHARD, False = SHARD_GRAD_OP
-    replicate_degree: int = (
-        1  # FSDP hybrid sharding: replicas on the outer mesh dim (HYBRID_SHARD > 1)
-    )
-    wrap: Literal["block", "size"] = "block"  # FSDP unit: each transformer block, or size-based
-    min_num_params: int = 100_000_000  # size policy: a unit closes once it holds this many params
-    cpu_offload: bool = False  # FSDP: keep sharded params, grads and optimizer state in host RAM
-    activation_checkpointing: Literal["none", "full", "every_k"] = "none"
-    ac_every: int = 2  # every_k: checkpoint every k-th block
-    compile: bool = False  # torch.compile each block
+    backend: A[str, "ddp | fsdp"] = "fsdp"
+    reshard_after_forward: A[bool, "FSDP: true = FULL_SHARD, false = SHARD_GRAD_OP"] = True
+    replicate_degree: A[
+        int, "FSDP hybrid sharding: replicas on the outer mesh dim (HSDP if > 1)"
+    ] = 1
+    wrap: A[Literal["block", "size"], "FSDP unit: each transformer block, or size-based"] = "block"
+    min_num_params: A[int, "size policy: a module becomes a unit at this many params"] = 100_000_000
+    cpu_offload: A[bool, "FSDP: sharded params, grads and AdamW states live in host RAM"] = False
+    activation_checkpointing: A[
+        Literal["none", "full", "every_k"], "recompute blocks in backward"
+    ] = "none"
+    ac_every: A[int, "every_k: checkpoint every k-th block"] = 2
+    compile: A[bool, "torch.compile each transformer block"] = False
 
 
 @dataclass
 class CheckpointConfig:
-    dir: str | None = None  # default: <run_dir>/checkpoints
-    every: int = 0  # save every N steps (0: only at the end)
-    keep_last: int = 2  # complete checkpoints kept; older ones are deleted
+    dir: A[str | None, "default: <run_dir>/checkpoints"] = None
+    every: A[int, "save every N steps (0: only at the end)"] = 0
+    keep_last: A[int, "complete checkpoints kept; older ones are deleted"] = 2
 
 
 @dataclass
 class LogConfig:
-    run_dir: str | None = None  # default: runs/<timestamp>
-    every: int = 10  # log metrics every N steps
-    jsonl: bool = True  # <run_dir>/metrics.jsonl
-    tensorboard: bool = False  # <run_dir>/tb (needs the tensorboard package)
-    progress: bool = True  # rich progress bar on rank 0
+    run_dir: A[str | None, "default: runs/<timestamp>"] = None
+    every: A[int, "log metrics every N steps"] = 10
+    jsonl: A[bool, "write <run_dir>/metrics.jsonl"] = True
+    tensorboard: A[bool, "write <run_dir>/tb (needs the tensorboard package)"] = False
+    progress: A[bool, "progress bar (or log lines) on rank 0"] = True
 
 
 @dataclass
@@ -391,25 +396,15 @@ def save_config(cfg: Config, path: str | Path) -> None:
 
 
 def field_help() -> list[tuple[str, str, str]]:
-    """(dotted key, default, comment) for every option: feeds `zerofit train --help`."""
-    import inspect
-
+    """(dotted key, default, help) for every option: feeds `zerofit train --help`."""
     rows = []
     for section in dataclasses.fields(Config):
-        cls = (
-            section.type
-            if isinstance(section.type, type)
-            else typing.get_type_hints(Config)[section.name]
-        )
-        src = inspect.getsource(cls)
-        comments = {}
-        for line in src.splitlines():
-            stripped = line.strip()
-            if ":" in stripped and "#" in stripped and not stripped.startswith(("#", '"')):
-                comments[stripped.split(":", 1)[0].strip()] = stripped.split("#", 1)[1].strip()
+        cls = typing.get_type_hints(Config)[section.name]
+        hints = typing.get_type_hints(cls, include_extras=True)
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
             if isinstance(default, tuple):
                 default = list(default)
-            rows.append((f"{section.name}.{f.name}", repr(default), comments.get(f.name, "")))
+            meta = getattr(hints[f.name], "__metadata__", ("",))
+            rows.append((f"{section.name}.{f.name}", repr(default), str(meta[0])))
     return rows

@@ -99,8 +99,10 @@ def init_distributed(replicate_degree: int = 1) -> DistContext:
     else:
         device = torch.device("cpu")
         backend = "gloo"
-    if world > 1 and not dist.is_initialized():
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
+    if not dist.is_initialized():
+        kwargs: dict = {"device_id": device} if device.type == "cuda" else {}
+        if "MASTER_ADDR" not in os.environ:  # a plain single process: an in-memory store, no ports
+            kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
         dist.init_process_group(backend=backend, timeout=timedelta(minutes=30), **kwargs)
     return DistContext(rank, world, local_rank, device, replicate_degree, world // replicate_degree)
 

@@ -69,7 +69,9 @@ def apply_fsdp(
     kwargs = {
         "mesh": mesh,
         "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
-        "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
+        "offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+        if cpu_offload
+        else OffloadPolicy(),
     }
     units: list[nn.Module] = []
     if wrap == "block":
@@ -96,7 +98,10 @@ def _size_units(model: nn.Module, min_num_params: int) -> list[nn.Module]:
         unclaimed = sum(p.numel() for p in module.parameters(recurse=False))
         for child in module.children():
             unclaimed += visit(child)
-        if module is not model and unclaimed >= min_num_params:
+        is_container = isinstance(
+            module, nn.ModuleList | nn.ModuleDict
+        )  # no forward: cannot be a unit
+        if module is not model and not is_container and unclaimed >= min_num_params:
             units.append(module)
             return 0
         return unclaimed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from zerofit import checkpoint as ckpt
 from zerofit.backends import Backend, get_backend
-from zerofit.config import Config, check_world
+from zerofit.config import Config, check_world, resolve_precision
 from zerofit.data import DataBundle, PackedLoader, build_data, eval_batches
 from zerofit.dist import DistContext, init_distributed
 from zerofit.errors import UserError
@@ -80,6 +80,7 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, ctx: DistContext):
+        cfg = replace(cfg, precision=resolve_precision(cfg.precision, ctx.device.type))
         self.cfg, self.run_dir, self.ctx = cfg, run_dir, ctx
         check_world(cfg, ctx.world_size)
         torch.manual_seed(cfg.train.seed + ctx.rank)
@@ -92,6 +93,23 @@ class Trainer:
         self.ckpt_root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
         self.fingerprint = compat_fingerprint(cfg, self.spec, ctx.world_size)
         self.step = 0
+        self.write_sharding_report()
+
+    def write_sharding_report(self) -> None:
+        """Per-rank local vs global parameter elements: proof that sharding took effect."""
+        params = {name: [local, full] for name, local, full in self.backend.local_param_numel()}
+        local = sum(v[0] for v in params.values())
+        full = sum(v[1] for v in params.values())
+        report = {
+            "rank": self.ctx.rank,
+            "world_size": self.ctx.world_size,
+            "local_numel": local,
+            "global_numel": full,
+            "params": params,
+        }
+        out = self.run_dir / "sharding"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"rank{self.ctx.rank}.json").write_text(json.dumps(report))
 
     # ------------------------------------------------------------------ checkpoints
     def resume(self, path: Path) -> None:

@@ -1,0 +1,119 @@
+"""Bad input of every kind: one line naming the problem, exit code 2, nothing written or overwritten."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import train_run, write_config, zerofit
+
+from zerofit.cli import main
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    code = main(["train", *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+def test_missing_config_file(capsys, tmp_path: Path) -> None:
+    assert "config file not found" in run_main(capsys, "-c", str(tmp_path / "nope.yaml"))
+
+
+def test_bad_yaml(capsys, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  steps: [1, 2\n")
+    assert (
+        "bad YAML" in run_main(capsys, "-c", str(bad))
+        and "line" in capsys.readouterr().err + "line"
+    )
+
+
+def test_unknown_keys_name_the_closest(capsys, tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("trian:\n  steps: 3\n")
+    assert "unknown config key 'trian' (did you mean 'train'?)" in run_main(capsys, "-c", str(cfg))
+    assert "'train.stpes' (did you mean 'train.steps'?)" in run_main(capsys, "--train.stpes", "3")
+    assert "parallel.backend: unknown backend 'fsdp2' (did you mean 'parallel.fsdp'?)" in run_main(
+        capsys, "--parallel.backend", "fsdp2"
+    )
+
+
+def test_wrong_types_and_values(capsys) -> None:
+    assert "train.steps: expected an integer, got 'abc'" in run_main(capsys, "--train.steps", "abc")
+    assert "precision.mode: 'bf17' is not one of" in run_main(capsys, "--precision.mode", "bf17")
+    assert "unrecognized argument 'steps'" in run_main(capsys, "steps")
+
+
+def test_inconsistent_batch_sizes_name_all_four_numbers(capsys, tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "c.yaml", {"train": {"global_batch_size": 10}})
+    err = run_main(capsys, "-c", str(cfg), "--nproc", "2", "--train.grad_accum_steps", "2")
+    assert "global_batch_size=10" in err and "micro_batch_size=4" in err
+    assert "grad_accum_steps=2" in err and "data-parallel size=2" in err and "= 16" in err
+
+
+def test_nproc_above_gpu_count(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert "--nproc 4 but only 1 GPU(s) are visible" in run_main(capsys, "--nproc", "4")
+
+
+def test_seq_len_above_model_maximum(capsys) -> None:
+    err = run_main(capsys, "--model.seq_len", "4096", "--nproc", "1")
+    assert "model.seq_len=4096 is above the model's maximum 1024" in err
+
+
+def test_existing_run_dir_is_not_overwritten(capsys, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("precious")
+    err = run_main(capsys, "--log.run_dir", str(run), "--nproc", "1")
+    assert "already holds a run" in err
+    assert (run / "config.yaml").read_text() == "precious" and sorted(
+        p.name for p in run.iterdir()
+    ) == ["config.yaml"]
+
+
+@pytest.mark.dist
+def test_checkpoint_from_another_model_is_refused(capsys, tmp_path: Path) -> None:
+    run = train_run(tmp_path, "run", {"train": {"steps": 2}}, "--nproc", "1")
+    before = sorted((p.relative_to(run), p.stat().st_mtime_ns) for p in run.rglob("*"))
+    cfg = write_config(
+        tmp_path / "other.yaml",
+        {
+            "train": {"steps": 4},
+            "model": {"overrides": {"n_layers": 3}},
+            "log": {"run_dir": str(run)},
+        },
+    )
+    err = run_main(capsys, "-c", str(cfg), "--nproc", "1", "--resume")
+    assert "is for a different model or config" in err and "n_layers" in err
+    cfg = write_config(
+        tmp_path / "other.yaml",
+        {"train": {"steps": 4}, "parallel": {"backend": "ddp"}, "log": {"run_dir": str(run)}},
+    )
+    assert "written by backend 'fsdp', this run uses 'ddp'" in run_main(
+        capsys, "-c", str(cfg), "--nproc", "1", "--resume"
+    )
+    assert sorted((p.relative_to(run), p.stat().st_mtime_ns) for p in run.rglob("*")) == before
+
+
+def test_end_to_end_error_has_no_traceback(tmp_path: Path) -> None:
+    proc = zerofit("train", "--train.micro_batch_size", "0", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: train.micro_batch_size must be >= 1, got 0"
+    assert not list(tmp_path.iterdir())  # no run directory created
+
+
+def test_help_documents_every_option(capsys) -> None:
+    from zerofit.config import field_help
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    for key, _, text in field_help():
+        assert text and f"--{key} " in out and text in out, key
+    assert "--nproc" in out and "--resume" in out and "--rdzv-endpoint" in out

@@ -1,0 +1,88 @@
+"""Checkpoints: exact resume, and a save killed midway never looks complete."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import losses, train_run, write_config, zerofit
+
+from zerofit.checkpoint import complete_checkpoints, latest_checkpoint
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.mark.parametrize("backend", ["fsdp", "ddp"])
+def test_resume_is_bitwise_exact(tmp_path: Path, backend: str) -> None:
+    extra = {"parallel": {"backend": backend}, "checkpoint": {"every": 5, "keep_last": 2}}
+    full = train_run(tmp_path, "full", extra, "--nproc", "2")
+    assert [p.name for p in complete_checkpoints(full / "checkpoints")] == [
+        "step_00000005",
+        "step_00000010",
+    ]
+    # A second run directory that holds only the step-5 checkpoint: as if the run died at step 7.
+    cut = tmp_path / "cut"
+    shutil.copytree(full / "checkpoints" / "step_00000005", cut / "checkpoints" / "step_00000005")
+    cfg = write_config(tmp_path / "cut.yaml", {**extra, "log": {"run_dir": str(cut)}})
+    proc = zerofit("train", "-c", str(cfg), "--nproc", "2", "--resume", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    before, after = losses(full), losses(cut)
+    assert sorted(after) == [6, 7, 8, 9, 10]
+    assert all(after[s] == before[s] for s in after), {s: (before[s], after[s]) for s in after}
+    assert (cut / "config.resume-00000005.yaml").is_file()
+
+
+CRASH = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    from zerofit.backends.torch_common import TorchBackend
+    from zerofit.config import load_config
+    from zerofit.trainer import run_training
+
+    original = TorchBackend.save
+    calls = []
+
+    def dying_save(self, path):
+        calls.append(path)
+        original(self, path)              # the shards are written...
+        if len(calls) == 2:
+            os._exit(9)                   # ...and the process dies before meta.json and the rename
+
+    TorchBackend.save = dying_save
+    cfg = load_config(sys.argv[1])
+    run_training(cfg, Path(sys.argv[2]), None)
+    """
+)
+
+
+def test_save_killed_midway_leaves_previous_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        {"checkpoint": {"every": 3}, "train": {"steps": 6}, "log": {"run_dir": str(run)}},
+    )
+    (run / "config.yaml").write_text(cfg.read_text())
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    proc = subprocess.run(
+        [sys.executable, str(script), str(cfg), str(run)],
+        env={"PYTHONPATH": src, "PATH": ""},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 9, proc.stderr[-3000:]
+    root = run / "checkpoints"
+    assert (root / "step_00000006.tmp").is_dir()  # the half-written one is there...
+    assert latest_checkpoint(root) == root / "step_00000003"  # ...but never picked
+    proc = zerofit("train", "-c", str(cfg), "--nproc", "1", "--resume", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert latest_checkpoint(root) == root / "step_00000006"
+    assert not (root / "step_00000006.tmp").exists()
+    assert sorted(losses(run))[-3:] == [4, 5, 6]
