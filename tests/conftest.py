@@ -25,7 +25,7 @@ TINY = {
 def deep_update(base: dict, extra: dict) -> dict:
     out = json.loads(json.dumps(base))
     for k, v in extra.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "overrides":
             out[k] = deep_update(out[k], v)
         else:
             out[k] = v

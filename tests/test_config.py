@@ -1,0 +1,121 @@
+"""Config schema: loading, overrides, validation, round trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from zerofit.config import (
+    Config,
+    check_world,
+    config_from_dict,
+    load_config,
+    parse_overrides,
+    resolve_precision,
+    save_config,
+    to_dict,
+)
+from zerofit.errors import UserError
+from zerofit.schedule import lr_at
+
+
+def test_defaults_are_valid_and_round_trip(tmp_path: Path) -> None:
+    cfg = load_config()
+    assert cfg == Config()
+    save_config(cfg, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml") == cfg
+
+
+def test_dotted_overrides_are_typed() -> None:
+    tree = parse_overrides(
+        ["train.steps=7", "optim.lr=3e-4", "optim.betas=[0.8, 0.9]", "model.overrides.n_layers=3"]
+    )
+    assert tree == {
+        "train": {"steps": 7},
+        "optim": {"lr": "3e-4", "betas": [0.8, 0.9]},
+        "model": {"overrides": {"n_layers": 3}},
+    }
+    cfg = load_config(
+        None,
+        [
+            "train.steps=7",
+            "optim.lr=3e-4",
+            "optim.betas=[0.8, 0.9]",
+            "data.source=[a.txt, b.jsonl]",
+        ],
+    )
+    assert cfg.train.steps == 7 and cfg.optim.lr == 3e-4 and cfg.optim.betas == (0.8, 0.9)
+    assert cfg.data.source == ["a.txt", "b.jsonl"]
+
+
+def test_override_beats_file(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump({"train": {"steps": 5, "micro_batch_size": 2}}))
+    cfg = load_config(p, ["train.steps=9"])
+    assert (cfg.train.steps, cfg.train.micro_batch_size) == (9, 2)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"model": {"preset": None}}, "exactly one of model.preset and model.hf"),
+        ({"model": {"hf": "x"}}, "exactly one of model.preset and model.hf"),
+        ({"optim": {"betas": [0.9]}}, "optim.betas: expected 2 values"),
+        ({"optim": {"lr": -1}}, "optim.lr must be > 0"),
+        ({"train": {"steps": True}}, "train.steps: expected an integer"),
+        ({"data": {"val_fraction": 1.5}}, "data.val_fraction must be in [0, 1)"),
+        ({"parallel": {"wrap": "layer"}}, "parallel.wrap: 'layer' is not one of block, size"),
+        ({"log": {"every": 0}}, "log.every must be >= 1"),
+        ({"train": "fast"}, "train: expected a mapping"),
+    ],
+)
+def test_validation_messages(data: dict, message: str) -> None:
+    with pytest.raises(
+        UserError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")
+    ):
+        config_from_dict(data)
+
+
+def test_batch_arithmetic() -> None:
+    cfg = config_from_dict(
+        {"train": {"micro_batch_size": 4, "grad_accum_steps": 2, "global_batch_size": 32}}
+    )
+    assert check_world(cfg, 4) == 4
+    with pytest.raises(UserError, match="x data-parallel size=2 = 16"):
+        check_world(cfg, 2)
+    hybrid = config_from_dict({"parallel": {"replicate_degree": 3}})
+    with pytest.raises(UserError, match="does not divide the world size 4"):
+        check_world(hybrid, 4)
+
+
+def test_precision_resolution_is_explicit() -> None:
+    cpu = resolve_precision(Config().precision, "cpu")
+    gpu = resolve_precision(Config().precision, "cuda")
+    assert (cpu.mode, cpu.param_dtype, cpu.reduce_dtype, cpu.master_dtype) == (
+        "fp32",
+        "fp32",
+        "fp32",
+        "fp32",
+    )
+    assert (gpu.mode, gpu.param_dtype, gpu.reduce_dtype, gpu.master_dtype) == (
+        "bf16",
+        "bf16",
+        "fp32",
+        "fp32",
+    )
+    pure = resolve_precision(
+        config_from_dict({"precision": {"mode": "bf16", "master_dtype": "bf16"}}).precision, "cuda"
+    )
+    assert pure.master_dtype == "bf16"
+    assert to_dict(config_from_dict({}))["optim"]["betas"] == [0.9, 0.95]
+
+
+def test_schedule_warmup_then_cosine() -> None:
+    kw = {"lr": 1.0, "warmup_steps": 10, "total_steps": 110, "min_lr_ratio": 0.1}
+    assert lr_at(0, **kw) == pytest.approx(0.1)
+    assert lr_at(9, **kw) == pytest.approx(1.0)
+    assert lr_at(60, **kw) == pytest.approx(0.55)
+    assert lr_at(110, **kw) == pytest.approx(0.1)
+    assert all(lr_at(s, **kw) >= lr_at(s + 1, **kw) for s in range(10, 120))
