@@ -244,6 +244,7 @@ class Trainer:
         summary["checkpoint"] = str(ckpt.latest_checkpoint(self.ckpt_root))
         summary["wall_time_s"] = time.perf_counter() - t_start
         summary["world_size"] = ctx.world_size
+        summary["device"] = ctx.device.type
         summary["num_params"] = self.spec.num_params
         sink.close()
         if ctx.is_main:
