@@ -75,7 +75,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("eval loss", f"{summary['eval_loss']:.4f}" if "eval_loss" in summary else "-"),
         ("tokens/s", f"{summary['tokens_per_s']:,.0f}" if "tokens_per_s" in summary else "-"),
         (
-            "tokens/s per GPU",
+            "tokens/s per GPU" if summary.get("device") == "cuda" else "tokens/s per rank",
             f"{summary['tokens_per_s_per_gpu']:,.0f}" if "tokens_per_s_per_gpu" in summary else "-",
         ),
         ("MFU", f"{100 * summary['mfu']:.1f}%" if "mfu" in summary else "- (no GPU peak known)"),
