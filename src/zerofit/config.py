@@ -90,10 +90,44 @@ class PrecisionConfig:
 
 
 @dataclass
+class DeepSpeedConfig:
+    """DeepSpeed ZeRO. Each field maps to one DeepSpeed JSON path (zerofit.ds_config.TABLE)."""
+
+    config: A[str | None, "a ds_config.json merged with this config (conflicts are errors)"] = None
+    stage: A[
+        Literal[0, 1, 2, 3], "ZeRO stage: 1 optimizer states, 2 + gradients, 3 + parameters"
+    ] = 3
+    offload_optimizer: A[Literal["none", "cpu", "nvme"], "where optimizer states live"] = "none"
+    offload_param: A[Literal["none", "cpu", "nvme"], "stage 3: where parameters live"] = "none"
+    nvme_path: A[str | None, "directory on a fast SSD for nvme offload"] = None
+    pin_memory: A[bool, "page-locked host buffers for offload"] = True
+    overlap_comm: A[bool, "overlap gradient reduction with backward"] = True
+    contiguous_gradients: A[bool, "copy gradients into one buffer as they are produced"] = True
+    reduce_scatter: A[bool, "reduce gradients with reduce-scatter instead of all-reduce"] = True
+    allgather_bucket_size: A[int, "elements per all-gather bucket (stages 1-2)"] = 500_000_000
+    reduce_bucket_size: A[int, "elements per gradient-reduction bucket"] = 500_000_000
+    prefetch_bucket_size: A[int, "stage 3: elements prefetched ahead of use"] = 50_000_000
+    param_persistence_threshold: A[int, "stage 3: params smaller than this stay unpartitioned"] = (
+        100_000
+    )
+    max_live_parameters: A[int, "stage 3: max gathered elements alive at once"] = 1_000_000_000
+    leaf_blocks: A[bool, "stage 3: gather each decoder block's params in one go (ZeRO-3 leaf)"] = (
+        True
+    )
+    torch_adam: A[
+        bool | None, "torch AdamW instead of DeepSpeed's fused/CPU Adam (null: on CPU)"
+    ] = None
+    loss_scale_window: A[int, "fp16: steps without overflow before the loss scale grows"] = 1000
+    initial_scale_power: A[int, "fp16: initial loss scale is 2**this"] = 16
+    hysteresis: A[int, "fp16: overflows tolerated before the scale shrinks"] = 2
+    min_loss_scale: A[float, "fp16: floor of the dynamic loss scale"] = 1.0
+
+
+@dataclass
 class ParallelConfig:
     """How the model is spread over the ranks."""
 
-    backend: A[str, "ddp | fsdp"] = "fsdp"
+    backend: A[str, "ddp | fsdp | deepspeed"] = "fsdp"
     reshard_after_forward: A[bool, "FSDP: true = FULL_SHARD, false = SHARD_GRAD_OP"] = True
     replicate_degree: A[
         int, "FSDP hybrid sharding: replicas on the outer mesh dim (HSDP if > 1)"
@@ -106,6 +140,7 @@ class ParallelConfig:
     ] = "none"
     ac_every: A[int, "every_k: checkpoint every k-th block"] = 2
     compile: A[bool, "torch.compile each transformer block"] = False
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 
 
 @dataclass
@@ -308,15 +343,50 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Load a YAML config (or the embedded defaults when path is None), apply dotted overrides."""
     data = read_yaml(path) if path else {}
     data = _merge(data, parse_overrides(overrides or []))
-    cfg = _from_dict(Config, data, "")
-    validate(cfg)
-    return cfg
+    return config_from_dict(data)
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:
     cfg = _from_dict(Config, data, "")
     validate(cfg)
+    object.__setattr__(cfg, "_explicit", frozenset(_leaf_keys(data)))
     return cfg
+
+
+def _leaf_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for k, v in data.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, dict) and k != "overrides":
+            keys += _leaf_keys(v, path + ".")
+        else:
+            keys.append(path)
+    return keys
+
+
+def explicit_keys(cfg: Config) -> frozenset[str]:
+    """Dotted keys the user wrote (YAML or flags), as opposed to defaults. Lost by `replace`."""
+    return getattr(cfg, "_explicit", frozenset())
+
+
+def get_field(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def with_fields(cfg: Config, updates: dict[str, Any]) -> Config:
+    """A copy of `cfg` with dotted fields replaced (and re-validated through the schema)."""
+    data = to_dict(cfg)
+    for dotted, value in updates.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = list(value) if isinstance(value, tuple) else value
+    new = config_from_dict(data)
+    object.__setattr__(new, "_explicit", explicit_keys(cfg))
+    return new
 
 
 # ----------------------------------------------------------------------------- validation
@@ -395,16 +465,18 @@ def save_config(cfg: Config, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
-def field_help() -> list[tuple[str, str, str]]:
+def field_help(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, default, help) for every option: feeds `zerofit train --help`."""
     rows = []
-    for section in dataclasses.fields(Config):
-        cls = typing.get_type_hints(Config)[section.name]
-        hints = typing.get_type_hints(cls, include_extras=True)
-        for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            if isinstance(default, tuple):
-                default = list(default)
-            meta = getattr(hints[f.name], "__metadata__", ("",))
-            rows.append((f"{section.name}.{f.name}", repr(default), str(meta[0])))
+    hints = typing.get_type_hints(cls, include_extras=True)
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows += field_help(tp, f"{prefix}{f.name}.")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if isinstance(default, tuple):
+            default = list(default)
+        meta = getattr(hints[f.name], "__metadata__", ("",))
+        rows.append((f"{prefix}{f.name}", repr(default), str(meta[0])))
     return rows

@@ -100,8 +100,10 @@ def prepare_run(
     cfg: Config, opts: LaunchOptions, world_size: int, device_type: str, create: bool = True
 ) -> PreparedRun:
     """Every check that can fail on user input, then the run directory and its resolved config."""
+    from zerofit.backends import get_backend
     from zerofit.trainer import build_inputs, compat_fingerprint, make_loader  # torch-heavy imports
 
+    cfg = get_backend(cfg.parallel.backend).prepare_config(cfg, world_size, device_type)
     cfg = replace(cfg, precision=resolve_precision(cfg.precision, device_type))
     dp = check_world(cfg, world_size)
     inputs = build_inputs(cfg)

@@ -88,7 +88,7 @@ class Trainer:
         self.spec, self.data = inputs.spec, inputs.data
         self.loader = make_loader(cfg, self.data, ctx.dp_rank, ctx.dp_size)
         backend_cls = get_backend(cfg.parallel.backend)
-        self.backend: Backend = backend_cls(ctx, cfg.parallel, cfg.precision, cfg.optim)
+        self.backend: Backend = backend_cls(ctx, cfg)
         self.backend.setup(self.spec, cfg.model.init_seed)
         self.ckpt_root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
         self.fingerprint = compat_fingerprint(cfg, self.spec, ctx.world_size)

@@ -1,6 +1,6 @@
 """Engines behind one interface. Importing this package registers every built-in backend."""
 
-from zerofit.backends import ddp, fsdp  # noqa: F401  (registration side effect)
+from zerofit.backends import ddp, deepspeed, fsdp  # noqa: F401  (registration side effect)
 from zerofit.backends.base import Backend, get_backend, register, registry
 
 

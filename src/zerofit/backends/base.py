@@ -11,7 +11,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from zerofit.config import OptimConfig, ParallelConfig, PrecisionConfig
+from zerofit.config import Config
 from zerofit.dist import DistContext
 from zerofit.models import ModelSpec
 
@@ -29,17 +29,17 @@ class Backend(ABC):
     model: nn.Module
     optimizer: torch.optim.Optimizer
 
-    def __init__(
-        self,
-        ctx: DistContext,
-        parallel: ParallelConfig,
-        precision: PrecisionConfig,
-        optim: OptimConfig,
-    ) -> None:
+    def __init__(self, ctx: DistContext, cfg: Config) -> None:
         self.ctx = ctx
-        self.parallel = parallel
-        self.precision = precision
-        self.optim_cfg = optim
+        self.cfg = cfg  # precision-resolved
+        self.parallel = cfg.parallel
+        self.precision = cfg.precision
+        self.optim_cfg = cfg.optim
+
+    @classmethod
+    def prepare_config(cls, cfg: Config, world_size: int, device_type: str) -> Config:
+        """Engine-specific resolution before the config is saved (e.g. merge a ds_config.json)."""
+        return cfg
 
     @abstractmethod
     def setup(self, spec: ModelSpec, init_seed: int) -> None:
@@ -62,6 +62,10 @@ class Backend(ABC):
 
     @abstractmethod
     def load(self, path: Path) -> None: ...
+
+    @abstractmethod
+    def reduce_dtype_in_use(self) -> torch.dtype:
+        """The dtype gradients are actually reduced in, read from the engine after wrapping."""
 
     def extra_state(self) -> dict:
         """Small per-rank state (e.g. the loss scaler) saved beside the checkpoint."""

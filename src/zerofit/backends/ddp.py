@@ -46,6 +46,16 @@ class DDPBackend(TorchBackend):
             self.model = module
         self.optimizer = build_adamw(self.model, self.optim_cfg, self.ctx.device)
 
+    def reduce_dtype_in_use(self) -> torch.dtype:
+        """DDP all-reduces gradients in the parameters' dtype unless a compression hook is set."""
+        grads_dtype = next(self.model.parameters()).dtype
+        if not isinstance(self.model, DistributedDataParallel):
+            return grads_dtype  # one process: nothing is reduced
+        hook = self.model._get_ddp_logging_data().get("comm_hook", "")
+        return {"bf16_compress_hook": torch.bfloat16, "fp16_compress_hook": torch.float16}.get(
+            hook, grads_dtype
+        )
+
     @contextlib.contextmanager
     def micro_step(self, is_last: bool) -> Iterator[None]:
         sync = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch
 from torch.distributed.fsdp import FSDPModule
 
 from zerofit.backends.base import register
@@ -44,6 +45,18 @@ class FSDPBackend(TorchBackend):
         self.model = module
         self.scaler = self.make_scaler()
         self.optimizer = build_adamw(module, self.optim_cfg, init_device)
+
+    def reduce_dtype_in_use(self) -> torch.dtype:
+        """FSDP2 reduces in reduce_dtype, else in the dtype the gradients were computed in."""
+        group = self.model._get_fsdp_state()._fsdp_param_group  # type: ignore[operator]
+        if group is None:  # the root holds no parameters of its own: ask the first unit that does
+            group = next(
+                m._get_fsdp_state()._fsdp_param_group
+                for m in self.model.modules()
+                if isinstance(m, FSDPModule) and m._get_fsdp_state()._fsdp_param_group
+            )
+        fp = group.fsdp_params[0]
+        return fp.reduce_dtype or fp.param_dtype or fp.orig_dtype
 
     @contextlib.contextmanager
     def micro_step(self, is_last: bool) -> Iterator[None]:

@@ -14,16 +14,21 @@ from zerofit.backends.base import DTYPE, Backend
 from zerofit.config import OptimConfig
 
 
-def build_adamw(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on norms or biases)."""
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only (not on norms or biases). Every engine uses these groups."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    groups = [
-        {"params": decay, "weight_decay": cfg.weight_decay},
+            ndim = len(getattr(p, "ds_shape", p.shape))  # a ZeRO-3 partitioned param's data is empty
+            (decay if ndim >= 2 else no_decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+
+
+def build_adamw(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+    groups = param_groups(model, cfg.weight_decay)
     fused = cfg.fused if cfg.fused is not None else device.type == "cuda"
     impl = {"fused": True} if fused else {"foreach": True}
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **impl)

@@ -33,6 +33,9 @@ class ModelSpec:
     init_param_: Callable[[str, torch.Tensor, torch.Generator], None]
     fingerprint: dict  # JSON-able architecture description, to reject foreign checkpoints
     weights: Callable[[str], torch.Tensor] | None  # param name -> full tensor from disk, or None
+    construct: Callable[
+        [], nn.Module
+    ]  # builds the same module with real parameters (for zero.Init)
 
 
 def preset_names() -> list[str]:
@@ -75,11 +78,12 @@ def _build_llama(preset: str, overrides: dict | None) -> ModelSpec:
         init_param_=model.init_param_,
         fingerprint={"source": "zerofit-llama", "args": asdict(args)},
         weights=None,
+        construct=partial(Llama, args),
     )
 
 
 def _build_hf(directory: str, overrides: dict | None) -> ModelSpec:
-    from zerofit.models.hf import build_hf, load_hf_weights
+    from zerofit.models.hf import build_hf, construct_hf, load_hf_weights
 
     module, info = build_hf(directory, overrides)
     return ModelSpec(
@@ -92,6 +96,7 @@ def _build_hf(directory: str, overrides: dict | None) -> ModelSpec:
         init_param_=module.init_param_,
         fingerprint=info.fingerprint,
         weights=load_hf_weights(directory, module),
+        construct=partial(construct_hf, info.config),
     )
 
 

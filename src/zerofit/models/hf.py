@@ -134,6 +134,13 @@ def load_config(directory: str, overrides: dict | None = None) -> Any:
     return config
 
 
+def construct_hf(config: object) -> HFCausalLM:
+    """The adapter around a freshly built HF model with real parameters (e.g. under zero.Init)."""
+    from transformers import AutoModelForCausalLM
+
+    return HFCausalLM(AutoModelForCausalLM.from_config(config))
+
+
 def build_hf(directory: str, overrides: dict | None = None) -> tuple[HFCausalLM, HFInfo]:
     """Build the HF causal LM in ``directory`` with meta parameters; returns (adapter, info)."""
     from transformers import AutoModelForCausalLM

@@ -1,0 +1,160 @@
+"""DeepSpeed ZeRO stages 0-3 with CPU/NVMe offload, configured from the same zerofit config.
+
+The DeepSpeed JSON comes from `zerofit.ds_config` (one table of field <-> JSON path). At stage 3 the
+model is built inside `deepspeed.zero.Init`, so each module's parameters are partitioned as soon as
+the module exists; each rank then fills only its own partition with the same name-seeded init the
+other engines use. No rank ever holds the full model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from zerofit.backends.base import Backend, register
+from zerofit.backends.torch_common import param_groups
+from zerofit.config import Config
+from zerofit.errors import UserError
+from zerofit.models import ModelSpec
+from zerofit.models.llama import strip_wrapper_names
+from zerofit.parallelize import apply_ac, apply_compile, get_blocks, materialize_, param_seed
+
+
+def _deepspeed():  # noqa: ANN202 - the module, imported late: it is an optional extra
+    try:
+        import deepspeed
+    except ImportError:
+        raise UserError(
+            "parallel.backend=deepspeed needs DeepSpeed: pip install 'zerofit[deepspeed]'"
+        ) from None
+    return deepspeed
+
+
+@register("deepspeed")
+class DeepSpeedBackend(Backend):
+    @classmethod
+    def prepare_config(cls, cfg: Config, world_size: int, device_type: str) -> Config:
+        from zerofit.ds_config import merge_user_json
+
+        cfg = merge_user_json(cfg, world_size)
+        ds = cfg.parallel.deepspeed
+        if ds.torch_adam is None:  # DeepSpeed's Adam kernels JIT-compile; on CPU use torch's AdamW
+            ds = replace(ds, torch_adam=device_type != "cuda")
+        if ds.stage < 3 and ds.offload_param != "none":
+            raise UserError(f"parallel.deepspeed.offload_param needs stage 3 (stage is {ds.stage})")
+        if "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path:
+            raise UserError("nvme offload needs parallel.deepspeed.nvme_path")
+        if cfg.parallel.replicate_degree != 1:
+            raise UserError(
+                "parallel.replicate_degree (hybrid sharding) is an FSDP option; deepspeed shards over all ranks"
+            )
+        return replace(cfg, parallel=replace(cfg.parallel, deepspeed=ds))
+
+    def setup(self, spec: ModelSpec, init_seed: int) -> None:
+        deepspeed = _deepspeed()
+        from zerofit.ds_config import to_ds_json
+
+        self.ds_json = to_ds_json(self.cfg, self.ctx.world_size)
+        os.environ.setdefault("LOCAL_RANK", str(self.ctx.local_rank))  # zero.Init reads it
+        # Adopts the process group zerofit already initialised (NCCL on GPUs, gloo on CPU).
+        deepspeed.init_distributed(dist_backend="nccl" if self.ctx.device.type == "cuda" else "gloo")
+        stage = self.parallel.deepspeed.stage
+        if stage == 3:
+            with deepspeed.zero.Init(config_dict_or_path=self.ds_json):
+                module = spec.construct()
+            _fill_partitions_(module, self.ctx.rank, init_seed, spec)
+        else:
+            module = spec.module
+            materialize_(
+                module,
+                self.ctx.device,
+                init_seed=init_seed,
+                init_param_=spec.init_param_,
+                weights=spec.weights,
+            )
+        blocks = get_blocks(module, spec.blocks_path)
+        if stage == 3 and self.parallel.deepspeed.leaf_blocks:
+            from deepspeed.utils import set_z3_leaf_modules
+
+            set_z3_leaf_modules(module, [type(blocks[0])])
+        apply_ac(blocks, self.parallel.activation_checkpointing, self.parallel.ac_every)
+        if self.parallel.compile and stage < 3:
+            apply_compile(blocks)
+        engine, optimizer, _, _ = deepspeed.initialize(
+            model=module,
+            model_parameters=param_groups(module, self.optim_cfg.weight_decay),
+            config=self.ds_json,
+        )
+        if self.parallel.compile and stage == 3:
+            engine.compile()
+        self.model, self.optimizer = engine, optimizer
+        self._last = True
+
+    @contextlib.contextmanager
+    def micro_step(self, is_last: bool) -> Iterator[None]:
+        self._last = is_last
+        yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.model.backward(loss, scale_wrt_gas=False)  # the trainer already divides by accum steps
+        if not self._last:
+            self.model.step()  # DeepSpeed counts micro-steps; it only updates on the boundary
+
+    def step(self, lr: float) -> torch.Tensor:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.model.step()
+        norm = self.model.get_global_grad_norm()
+        return torch.tensor(float(norm) if norm is not None else float("nan"))
+
+    def save(self, path: Path) -> None:
+        self.model.save_checkpoint(str(path.parent), tag=path.name, save_latest=False)
+
+    def load(self, path: Path) -> None:
+        loaded, _ = self.model.load_checkpoint(
+            str(path.parent), tag=path.name, load_lr_scheduler_states=False
+        )
+        if loaded is None:
+            raise UserError(f"DeepSpeed could not load the checkpoint in {path}")
+
+    def reduce_dtype_in_use(self) -> torch.dtype:
+        return self.model.communication_data_type
+
+    def local_param_numel(self) -> Iterator[tuple[str, int, int]]:
+        for name, p in self.model.module.named_parameters():
+            if hasattr(p, "ds_tensor"):  # ZeRO-3: the partition this rank owns
+                yield name, p.ds_tensor.ds_numel, p.ds_numel
+            else:
+                yield name, p.numel(), p.numel()
+
+
+@torch.no_grad()
+def _fill_partitions_(module: nn.Module, rank: int, init_seed: int, spec: ModelSpec) -> None:
+    """Write each ZeRO-3 parameter's partition from its full, name-seeded init (one at a time)."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    for name, p in module.named_parameters():
+        bare = strip_wrapper_names(name)
+        device = p.ds_tensor.device
+        full = torch.empty(tuple(p.ds_shape), dtype=torch.float32, device=device)
+        if spec.weights is not None:
+            full.copy_(spec.weights(bare))
+        else:
+            gen = torch.Generator(device=device).manual_seed(param_seed(init_seed, bare))
+            spec.init_param_(bare, full, gen)
+        flat = full.flatten()
+        size = p.ds_tensor.ds_numel
+        start = rank * size
+        local = flat[start : start + size]
+        p.ds_tensor.data.zero_()
+        p.ds_tensor.data[: local.numel()].copy_(local)
+        if p.ds_status == ZeroParamStatus.AVAILABLE:  # persistent (small) params are kept whole too
+            p.data.copy_(full)
