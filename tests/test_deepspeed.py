@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import losses, train_run, write_config, zerofit
 
 pytest.importorskip("deepspeed")
@@ -29,12 +28,20 @@ ZERO = {
 
 @pytest.fixture(scope="module")
 def fsdp_reference(session_tmp: Path) -> dict[int, float]:
-    return losses(train_run(session_tmp, "ds_ref_fsdp", {"parallel": {"backend": "fsdp"}}, "--nproc", "2"))
+    return losses(
+        train_run(session_tmp, "ds_ref_fsdp", {"parallel": {"backend": "fsdp"}}, "--nproc", "2")
+    )
 
 
 @pytest.mark.parametrize("name", list(ZERO))
 def test_zero_matches_fsdp(name: str, fsdp_reference: dict[int, float], session_tmp: Path) -> None:
-    run = train_run(session_tmp, name, {"parallel": {"backend": "deepspeed", "deepspeed": ZERO[name]}}, "--nproc", "2")
+    run = train_run(
+        session_tmp,
+        name,
+        {"parallel": {"backend": "deepspeed", "deepspeed": ZERO[name]}},
+        "--nproc",
+        "2",
+    )
     got = losses(run)
     assert sorted(got) == sorted(fsdp_reference)
     worst = max(abs(got[s] - fsdp_reference[s]) / fsdp_reference[s] for s in got)
@@ -43,6 +50,79 @@ def test_zero_matches_fsdp(name: str, fsdp_reference: dict[int, float], session_
     if ZERO[name]["stage"] == 3:
         reports = [json.loads((run / "sharding" / f"rank{r}.json").read_text()) for r in range(2)]
         for rep in reports:  # each rank owns half of every parameter (rounded up to the partition)
-            assert abs(rep["local_numel"] - rep["global_numel"] / 2) <= 0.01 * rep["global_numel"], rep["local_numel"]
+            assert (
+                abs(rep["local_numel"] - rep["global_numel"] / 2) <= 0.01 * rep["global_numel"]
+            ), rep["local_numel"]
             for pname, (local, full) in rep["params"].items():
                 assert local == -(-full // 2), pname
+
+
+SEED_JSON = (
+    Path(__file__).resolve().parents[1] / "configs" / "deepspeed" / "seed_zero3_offload.json"
+)
+
+
+def test_seed_ds_config_trains_as_written(tmp_path: Path) -> None:
+    """The seed document's section-3.1 JSON (fp16, ZeRO-3, CPU optimizer offload) unchanged."""
+    extra = {
+        "parallel": {"backend": "deepspeed", "deepspeed": {"config": str(SEED_JSON)}},
+        "optim": {"lr": 6e-5},  # the same value as the JSON: agreeing is fine
+        "precision": {"mode": "auto"},
+        "train": {"steps": 4, "micro_batch_size": 32},
+    }
+    run = train_run(tmp_path, "seed", extra, "--nproc", "2")
+    got = losses(run)
+    assert len(got) == 4 and all(v == v for v in got.values()), got
+    precision = json.loads((run / "precision.json").read_text())["effective"]
+    assert precision["compute"] == "fp16" and precision["master_weights"] == "fp32"
+
+
+def test_deepspeed_resume_is_bitwise_exact(tmp_path: Path) -> None:
+    extra = {
+        "parallel": {"backend": "deepspeed", "deepspeed": {"stage": 3}},
+        "checkpoint": {"every": 5},
+    }
+    full = train_run(tmp_path, "full", extra, "--nproc", "2")
+    cut = tmp_path / "cut"
+    shutil.copytree(full / "checkpoints" / "step_00000005", cut / "checkpoints" / "step_00000005")
+    assert (cut / "checkpoints" / "step_00000005" / "model").is_dir()  # DeepSpeed's own format
+    cfg = write_config(tmp_path / "cut.yaml", {**extra, "log": {"run_dir": str(cut)}})
+    proc = zerofit("train", "-c", str(cfg), "--nproc", "2", "--resume", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    before, after = losses(full), losses(cut)
+    assert sorted(after) == [6, 7, 8, 9, 10]
+    assert all(after[s] == before[s] for s in after), {s: (before[s], after[s]) for s in after}
+
+
+def test_one_config_same_effective_dtypes_on_every_engine(tmp_path: Path) -> None:
+    reports = {}
+    for backend in ("ddp", "fsdp", "deepspeed"):
+        extra = {
+            "parallel": {"backend": backend},
+            "precision": {"mode": "bf16"},
+            "train": {"steps": 2},
+        }
+        run = train_run(tmp_path, backend, extra, "--nproc", "2")
+        reports[backend] = json.loads((run / "precision.json").read_text())
+    expected = {
+        "compute": "bf16",
+        "master_weights": "fp32",
+        "optimizer_states": "fp32",
+        "gradient_reduction": "fp32",
+    }
+    for backend, rep in reports.items():
+        assert rep["effective"] == expected, backend
+        assert rep["warnings"] == [], backend
+
+
+def test_engine_that_cannot_honour_a_dtype_warns(tmp_path: Path) -> None:
+    extra = {
+        "parallel": {"backend": "deepspeed"},
+        "precision": {"mode": "bf16", "master_dtype": "bf16"},
+        "train": {"steps": 1},
+    }
+    run = train_run(tmp_path, "pure_bf16", extra, "--nproc", "2")
+    rep = json.loads((run / "precision.json").read_text())
+    assert (
+        "deepspeed: master weights in fp32, but precision.master_dtype is bf16" in rep["warnings"]
+    )

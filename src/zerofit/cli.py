@@ -86,7 +86,37 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="resume from PATH (a run or checkpoint dir), or from the latest complete checkpoint",
     )
+    ds = sub.add_parser(
+        "ds-config",
+        help="print the DeepSpeed JSON a config turns into",
+        description="Print the DeepSpeed JSON that `parallel.backend: deepspeed` would run with.",
+    )
+    ds.add_argument("-c", "--config", help="YAML config file (default: the embedded defaults)")
+    ds.add_argument(
+        "--nproc", type=int, default=None, help="world size to compute train_batch_size for"
+    )
+    ds.add_argument("--nnodes", type=int, default=1)
     return parser
+
+
+def cmd_ds_config(args: argparse.Namespace, overrides: list[str]) -> int:
+    from dataclasses import replace
+
+    import torch
+
+    from zerofit.backends.deepspeed import DeepSpeedBackend
+    from zerofit.config import check_world, resolve_precision
+    from zerofit.ds_config import to_ds_json
+    from zerofit.launch import default_nproc
+
+    cfg = load_config(args.config, overrides)
+    world = (args.nproc or default_nproc()) * args.nnodes
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = DeepSpeedBackend.prepare_config(cfg, world, device_type)
+    cfg = replace(cfg, precision=resolve_precision(cfg.precision, device_type))
+    check_world(cfg, world)
+    print(json.dumps(to_ds_json(cfg, world), indent=2))
+    return 0
 
 
 def _print_summary(run_dir: Path) -> None:
@@ -159,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     try:
         overrides = split_overrides(rest)
-        handler = {"train": cmd_train}[args.command]
+        handler = {"train": cmd_train, "ds-config": cmd_ds_config}[args.command]
         return handler(args, overrides)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

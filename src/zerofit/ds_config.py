@@ -19,14 +19,15 @@ from zerofit.config import Config, explicit_keys, get_field, with_fields
 from zerofit.errors import UserError
 
 _MISSING = object()
+SKIP = object()  # from_ds result: this JSON value says nothing about the zerofit field
 
 
 def _same(x: Any) -> Any:
     return x
 
 
-def _none_if_off(device: Any) -> Any:
-    return None if device in (None, "none") else device
+def _device(device: Any) -> Any:
+    return "none" if device in (None, "none") else device
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Row:
     field: str  # dotted zerofit path
     path: str  # dotted DeepSpeed JSON path
     to_ds: Callable[[Any], Any] = _same
-    from_ds: Callable[[Any], Any] = _same  # None: the JSON value carries no information
+    from_ds: Callable[[Any], Any] = _same  # may return SKIP
     when: Callable[[Config], bool] = lambda cfg: True  # write this path only if true
 
 
@@ -55,7 +56,7 @@ def _fp16(cfg: Config) -> bool:
 
 
 def _dtype_flag(name: str) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
-    return (lambda d: d == name), (lambda enabled: name if enabled else None)
+    return (lambda d: d == name), (lambda enabled: name if enabled else SKIP)
 
 
 _fp16_to, _fp16_from = _dtype_flag("fp16")
@@ -82,7 +83,7 @@ TABLE: tuple[Row, ...] = (
     Row(
         _DS + "offload_optimizer",
         "zero_optimization.offload_optimizer.device",
-        from_ds=_none_if_off,
+        from_ds=_device,
         when=_offload_opt,
     ),
     Row(_DS + "nvme_path", "zero_optimization.offload_optimizer.nvme_path", when=_offload_opt),
@@ -90,7 +91,7 @@ TABLE: tuple[Row, ...] = (
     Row(
         _DS + "offload_param",
         "zero_optimization.offload_param.device",
-        from_ds=_none_if_off,
+        from_ds=_device,
         when=_offload_param,
     ),
     Row(_DS + "nvme_path", "zero_optimization.offload_param.nvme_path", when=_offload_param),
@@ -195,7 +196,7 @@ def merge_user_json(cfg: Config, world_size: int) -> Config:
             value = row.from_ds(raw)
         except (TypeError, ValueError):
             raise UserError(f"{path}: {row.path}={raw!r} is not valid") from None
-        if value is None:
+        if value is SKIP:
             continue
         current = updates.get(row.field, get_field(cfg, row.field))
         if value != current and (row.field in explicit or row.field in updates):

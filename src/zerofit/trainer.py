@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from zerofit import checkpoint as ckpt
+from zerofit import precision_report
 from zerofit.backends import Backend, get_backend
 from zerofit.config import Config, check_world, resolve_precision
 from zerofit.data import DataBundle, PackedLoader, build_data, eval_batches
@@ -19,6 +20,7 @@ from zerofit.dist import DistContext, init_distributed
 from zerofit.errors import UserError
 from zerofit.metrics import MetricsSink, Throughput, memory_stats, peak_flops
 from zerofit.models import ModelSpec, build_model
+from zerofit.precision_report import watch_compute_dtype
 from zerofit.progress import Progress
 from zerofit.schedule import lr_at
 
@@ -111,6 +113,19 @@ class Trainer:
         out.mkdir(parents=True, exist_ok=True)
         (out / f"rank{self.ctx.rank}.json").write_text(json.dumps(report))
 
+    def write_precision_report(self, compute: torch.dtype | None) -> None:
+        rep = precision_report.report(self.backend, compute)
+        if self.ctx.is_main:
+            (self.run_dir / "precision.json").write_text(json.dumps(rep, indent=1))
+            eff = rep["effective"]
+            print(
+                f"precision ({rep['backend']}): compute {eff['compute']}, master weights {eff['master_weights']}, "
+                f"optimizer states {eff['optimizer_states']}, gradient reduction {eff['gradient_reduction']}",
+                flush=True,
+            )
+            for line in rep["warnings"]:
+                print(f"warning: {line}", flush=True)
+
     # ------------------------------------------------------------------ checkpoints
     def resume(self, path: Path) -> None:
         ckpt.check_compatible(path, self.fingerprint, self.cfg.parallel.backend)
@@ -196,9 +211,13 @@ class Trainer:
         last_saved = self.step
         t_start = time.perf_counter()
         self.backend.model.train()
+        read_compute_dtype = watch_compute_dtype(self.backend.model)
         with progress:
             while self.step < t.steps:
                 loss, grad_norm = self.train_step()
+                if read_compute_dtype is not None:
+                    self.write_precision_report(read_compute_dtype())
+                    read_compute_dtype = None
                 loss_sum += loss
                 window += 1
                 meter.tick()

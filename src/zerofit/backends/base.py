@@ -67,6 +67,11 @@ class Backend(ABC):
     def reduce_dtype_in_use(self) -> torch.dtype:
         """The dtype gradients are actually reduced in, read from the engine after wrapping."""
 
+    def master_tensors(self) -> Iterator[torch.Tensor]:
+        """The tensors the optimizer updates (this rank's master weights)."""
+        for group in self.optimizer.param_groups:
+            yield from group["params"]
+
     def extra_state(self) -> dict:
         """Small per-rank state (e.g. the loss scaler) saved beside the checkpoint."""
         return {}

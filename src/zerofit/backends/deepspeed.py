@@ -9,9 +9,7 @@ other engines use. No rank ever holds the full model.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -65,7 +63,9 @@ class DeepSpeedBackend(Backend):
         self.ds_json = to_ds_json(self.cfg, self.ctx.world_size)
         os.environ.setdefault("LOCAL_RANK", str(self.ctx.local_rank))  # zero.Init reads it
         # Adopts the process group zerofit already initialised (NCCL on GPUs, gloo on CPU).
-        deepspeed.init_distributed(dist_backend="nccl" if self.ctx.device.type == "cuda" else "gloo")
+        deepspeed.init_distributed(
+            dist_backend="nccl" if self.ctx.device.type == "cuda" else "gloo"
+        )
         stage = self.parallel.deepspeed.stage
         if stage == 3:
             with deepspeed.zero.Init(config_dict_or_path=self.ds_json):
@@ -124,6 +124,16 @@ class DeepSpeedBackend(Backend):
         )
         if loaded is None:
             raise UserError(f"DeepSpeed could not load the checkpoint in {path}")
+
+    def master_tensors(self) -> Iterator[torch.Tensor]:
+        """ZeRO keeps its own flat master partitions (stage 3 / stages 1-2 / bf16 optimizer)."""
+        for attr in (
+            "fp32_partitioned_groups_flat",
+            "single_partition_of_fp32_groups",
+            "fp32_groups_flat_partition",
+        ):
+            yield from getattr(self.optimizer, attr, None) or []
+        yield from super().master_tensors()
 
     def reduce_dtype_in_use(self) -> torch.dtype:
         return self.model.communication_data_type

@@ -19,7 +19,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
-            ndim = len(getattr(p, "ds_shape", p.shape))  # a ZeRO-3 partitioned param's data is empty
+            ndim = len(
+                getattr(p, "ds_shape", p.shape)
+            )  # a ZeRO-3 partitioned param's data is empty
             (decay if ndim >= 2 else no_decay).append(p)
     return [
         {"params": decay, "weight_decay": weight_decay},

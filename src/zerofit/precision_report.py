@@ -1,0 +1,79 @@
+"""Effective precision, read from the tensors after wrapping (not from the config).
+
+Hidden dtype differences are the usual cause of FSDP-vs-DeepSpeed loss gaps (an fp32 upcast of
+master weights in one engine, bf16 gradient reduction in the other). After the first step each
+engine reports the dtype of: compute (a Linear's output in forward), master weights (what the
+optimizer updates), optimizer states (AdamW's exp_avg) and gradient reduction. Any difference from
+what the config asks for becomes a warning that names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from zerofit.backends.base import DTYPE
+
+NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+CONFIG_KEY = {
+    "compute": "param_dtype",
+    "master_weights": "master_dtype",
+    "optimizer_states": "master_dtype",
+    "gradient_reduction": "reduce_dtype",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def watch_compute_dtype(model: nn.Module) -> Callable[[], torch.dtype | None]:
+    """Hook the first Linear; returns a getter for the dtype its output had in the last forward."""
+    seen: dict[str, torch.dtype] = {}
+    linear = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
+    if linear is None:
+        return lambda: None
+
+    def hook(_m: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
+        seen["dtype"] = output.dtype
+
+    handle = linear.register_forward_hook(hook)
+
+    def read() -> torch.dtype | None:
+        handle.remove()
+        return seen.get("dtype")
+
+    return read
+
+
+def optimizer_state_dtype(optimizer: torch.optim.Optimizer) -> torch.dtype | None:
+    inner = getattr(optimizer, "optimizer", None)
+    opt = inner if isinstance(inner, torch.optim.Optimizer) else optimizer
+    for state in opt.state.values():
+        if "exp_avg" in state:
+            return state["exp_avg"].dtype
+    return None
+
+
+def report(backend: Any, compute: torch.dtype | None) -> dict[str, Any]:
+    """Effective dtypes of one engine after its first step, plus warnings against the config."""
+    master = next(iter(backend.master_tensors()), None)
+    found = {
+        "compute": compute,
+        "master_weights": master.dtype if master is not None else None,
+        "optimizer_states": optimizer_state_dtype(backend.optimizer),
+        "gradient_reduction": backend.reduce_dtype_in_use(),
+    }
+    effective = {k: dtype_name(v) if v is not None else "unknown" for k, v in found.items()}
+    warnings = []
+    for key, value in found.items():
+        wanted = getattr(backend.precision, CONFIG_KEY[key])
+        if value is not None and value != DTYPE[wanted]:
+            warnings.append(
+                f"{backend.name}: {key.replace('_', ' ')} in {dtype_name(value)}, "
+                f"but precision.{CONFIG_KEY[key]} is {wanted}"
+            )
+    return {"backend": backend.name, "effective": effective, "warnings": warnings}

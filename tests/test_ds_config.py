@@ -1,0 +1,160 @@
+"""The zerofit <-> DeepSpeed JSON table, and merging a user's ds_config.json."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from zerofit.backends.deepspeed import DeepSpeedBackend
+from zerofit.config import DeepSpeedConfig, get_field, load_config, resolve_precision
+from zerofit.ds_config import TABLE, merge_user_json, to_ds_json
+from zerofit.errors import UserError
+
+SEED = Path(__file__).resolve().parents[1] / "configs" / "deepspeed"
+NOT_IN_JSON = {"config", "leaf_blocks"}  # zerofit-side options with no DeepSpeed JSON key
+
+
+def prepared(overrides: list[str], world: int = 2):
+    cfg = load_config(None, ["parallel.backend=deepspeed", *overrides])
+    cfg = DeepSpeedBackend.prepare_config(cfg, world, "cpu")
+    return dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, "cpu"))
+
+
+def test_every_deepspeed_option_has_a_row() -> None:
+    fields = {f"parallel.deepspeed.{f.name}" for f in dataclasses.fields(DeepSpeedConfig)} - {
+        f"parallel.deepspeed.{n}" for n in NOT_IN_JSON
+    }
+    assert fields <= {row.field for row in TABLE}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["parallel.deepspeed.stage=1", "optim.grad_clip=null", "precision.mode=bf16"],
+        [
+            "parallel.deepspeed.offload_optimizer=cpu",
+            "parallel.deepspeed.offload_param=cpu",
+            "precision.mode=fp16",
+        ],
+        [
+            "parallel.deepspeed.offload_optimizer=nvme",
+            "parallel.deepspeed.nvme_path=/ssd",
+            "train.grad_accum_steps=4",
+        ],
+        ["optim.lr=2e-4", "optim.betas=[0.8, 0.99]", "parallel.deepspeed.reduce_bucket_size=12345"],
+    ],
+)
+def test_table_round_trips(tmp_path: Path, overrides: list[str]) -> None:
+    """zerofit config -> DeepSpeed JSON -> (as a user's file) -> the same zerofit values."""
+    cfg = prepared(overrides)
+    ds = to_ds_json(cfg, 2)
+    assert ds["train_batch_size"] == cfg.train.micro_batch_size * cfg.train.grad_accum_steps * 2
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ds))
+    back = prepared([f"parallel.deepspeed.config={path}"])
+    for row in TABLE:
+        if row.when(cfg):
+            assert get_field(back, row.field) == get_field(cfg, row.field), row.path
+    assert to_ds_json(back, 2) == to_ds_json(dataclasses.replace(cfg, parallel=back.parallel), 2)
+
+
+def test_seed_example_3_1_is_adopted() -> None:
+    cfg = prepared([f"parallel.deepspeed.config={SEED / 'seed_zero3_offload.json'}"])
+    assert cfg.train.micro_batch_size == 32  # train_batch_size 64 / (accum 1 x world 2)
+    assert (cfg.optim.lr, cfg.optim.weight_decay) == (6e-5, 0.01)
+    assert cfg.precision.param_dtype == "fp16" and cfg.parallel.deepspeed.loss_scale_window == 100
+    ds = cfg.parallel.deepspeed
+    assert (ds.stage, ds.offload_optimizer, ds.pin_memory, ds.allgather_bucket_size) == (
+        3,
+        "cpu",
+        True,
+        500_000_000,
+    )
+
+
+def test_seed_example_3_2_and_passthrough(tmp_path: Path) -> None:
+    user = json.loads((SEED / "seed_buckets.json").read_text())
+    user["zero_optimization"]["sub_group_size"] = 1_000_000  # not in the table: passes through
+    user["steps_per_print"] = 7
+    path = tmp_path / "u.json"
+    path.write_text(json.dumps(user))
+    cfg = prepared([f"parallel.deepspeed.config={path}"])
+    assert cfg.parallel.deepspeed.reduce_bucket_size == 200_000_000
+    ds = to_ds_json(cfg, 2)
+    assert ds["zero_optimization"]["sub_group_size"] == 1_000_000
+    assert ds["zero_optimization"]["allgather_bucket_size"] == 200_000_000
+    assert ds["steps_per_print"] == 2**31 - 1  # owned by zerofit (it logs itself)
+
+
+@pytest.mark.parametrize(
+    ("user", "overrides", "message"),
+    [
+        (
+            {"optimizer": {"type": "AdamW", "params": {"lr": 6e-5}}},
+            ["optim.lr=3e-4"],
+            "optim.lr=0.0003 in the config but optimizer.params.lr=6e-05",
+        ),
+        (
+            {"train_batch_size": 64},
+            ["train.micro_batch_size=8"],
+            "train_batch_size=64 in .* but micro_batch_size=8 x grad_accum_steps=1 x world size=2 = 16",
+        ),
+        (
+            {"train_batch_size": 63},
+            [],
+            "train_batch_size=63 is not divisible by grad_accum_steps=1 x world size=2",
+        ),
+        ({"optimizer": {"type": "Lamb"}}, [], "optimizer.type='Lamb'"),
+        ({"scheduler": {"type": "WarmupLR"}}, [], "has a scheduler"),
+        (
+            {"bf16": {"enabled": True}},
+            ["precision.param_dtype=fp16"],
+            "precision.param_dtype='fp16' in the config but bf16.enabled=True",
+        ),
+        (
+            {"fp16": {"enabled": True}, "bf16": {"enabled": True}},
+            [],
+            "precision.param_dtype='fp16' in the config but bf16.enabled=True",
+        ),
+        (
+            {"zero_optimization": {"stage": 2}},
+            ["parallel.deepspeed.stage=3"],
+            "parallel.deepspeed.stage=3 in the config but zero_optimization.stage=2",
+        ),
+        (
+            {"zero_optimization": {"stage": "three"}},
+            [],
+            "zero_optimization.stage='three' is not valid",
+        ),
+    ],
+)
+def test_conflicts_name_both_values(
+    tmp_path: Path, user: dict, overrides: list[str], message: str
+) -> None:
+    path = tmp_path / "u.json"
+    path.write_text(json.dumps(user))
+    cfg = load_config(
+        None, ["parallel.backend=deepspeed", f"parallel.deepspeed.config={path}", *overrides]
+    )
+    with pytest.raises(UserError, match=message):
+        merge_user_json(cfg, 2)
+
+
+def test_bad_json_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"zero_optimization": {"stage": 3,}}')
+    with pytest.raises(UserError, match="bad JSON in .* at line 1"):
+        prepared([f"parallel.deepspeed.config={bad}"])
+    with pytest.raises(UserError, match="file not found"):
+        prepared([f"parallel.deepspeed.config={tmp_path / 'nope.json'}"])
+
+
+def test_option_checks() -> None:
+    with pytest.raises(UserError, match="offload_param needs stage 3"):
+        prepared(["parallel.deepspeed.stage=2", "parallel.deepspeed.offload_param=cpu"])
+    with pytest.raises(UserError, match="nvme offload needs parallel.deepspeed.nvme_path"):
+        prepared(["parallel.deepspeed.offload_optimizer=nvme"])
