@@ -126,3 +126,44 @@ def test_engine_that_cannot_honour_a_dtype_warns(tmp_path: Path) -> None:
     assert (
         "deepspeed: master weights in fp32, but precision.master_dtype is bf16" in rep["warnings"]
     )
+
+
+MASTER_CHECK = """
+import sys, torch
+from pathlib import Path
+from deepspeed.utils import safe_get_full_fp32_param
+from zerofit.backends import get_backend
+from zerofit.config import load_config
+from zerofit.dist import init_distributed
+from zerofit.parallelize import full_param
+from zerofit.trainer import Trainer
+
+cfg = load_config(sys.argv[1], ["parallel.backend=deepspeed", f"parallel.deepspeed.stage={sys.argv[2]}", "precision.mode=bf16"])
+cfg = get_backend("deepspeed").prepare_config(cfg, 1, "cpu")
+trainer = Trainer(cfg, Path(sys.argv[3]), init_distributed())
+bad = [n for n, p in trainer.backend.model.module.named_parameters()
+       if not torch.equal(safe_get_full_fp32_param(p).cpu(),
+                          full_param(n, getattr(p, "ds_shape", p.shape), torch.device("cpu"), init_seed=0, init_param_=trainer.spec.init_param_))]
+print("MISMATCHED", len(bad), bad[:3])
+"""
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_bf16_master_weights_are_the_exact_fp32_init(tmp_path: Path, stage: int) -> None:
+    """DeepSpeed would derive fp32 masters from the bf16 copy; zerofit restores the exact init, so
+    ZeRO and FSDP (which shards the fp32 init itself) start from identical master weights."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "check.py"
+    script.write_text(MASTER_CHECK)
+    cfg = write_config(tmp_path / "c.yaml")
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    proc = subprocess.run(
+        [sys.executable, str(script), str(cfg), str(stage), str(tmp_path / "run")],
+        env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "MISMATCHED 0 []" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]

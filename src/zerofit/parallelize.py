@@ -114,6 +114,26 @@ def param_seed(init_seed: int, name: str) -> int:
     return (init_seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
 
 
+def full_param(
+    name: str,
+    shape: tuple[int, ...] | torch.Size,
+    device: torch.device,
+    *,
+    init_seed: int,
+    init_param_: Callable[[str, torch.Tensor, torch.Generator], None],
+    weights: Callable[[str], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """One parameter's full fp32 value: from disk, or generated from its own name-derived seed."""
+    bare = strip_wrapper_names(name)
+    full = torch.empty(tuple(shape), dtype=torch.float32, device=device)
+    if weights is not None:
+        full.copy_(weights(bare))
+    else:
+        gen = torch.Generator(device=device).manual_seed(param_seed(init_seed, bare))
+        init_param_(bare, full, gen)
+    return full
+
+
 def materialize_(
     model: nn.Module,
     device: torch.device,
@@ -124,17 +144,17 @@ def materialize_(
 ) -> None:
     """Allocate meta parameters on `device` and fill them (weights from disk, else seeded init)."""
     allocate_(model, device)
+    gen_device = device if device.type == "cuda" else torch.device("cpu")
     with torch.no_grad():
-        gen_device = device if device.type == "cuda" else torch.device("cpu")
-        gen = torch.Generator(device=gen_device)
         for name, param in model.named_parameters():
-            bare = strip_wrapper_names(name)
-            full = torch.empty(param.shape, dtype=torch.float32, device=gen_device)
-            if weights is not None:
-                full.copy_(weights(bare))
-            else:
-                gen.manual_seed(param_seed(init_seed, bare))
-                init_param_(bare, full, gen)
+            full = full_param(
+                name,
+                param.shape,
+                gen_device,
+                init_seed=init_seed,
+                init_param_=init_param_,
+                weights=weights,
+            )
             if isinstance(param, DTensor):
                 local = distribute_tensor(
                     full, param.device_mesh, param.placements, src_data_rank=None

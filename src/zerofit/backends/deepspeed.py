@@ -22,8 +22,7 @@ from zerofit.backends.torch_common import param_groups
 from zerofit.config import Config
 from zerofit.errors import UserError
 from zerofit.models import ModelSpec
-from zerofit.models.llama import strip_wrapper_names
-from zerofit.parallelize import apply_ac, apply_compile, get_blocks, materialize_, param_seed
+from zerofit.parallelize import apply_ac, apply_compile, full_param, get_blocks, materialize_
 
 
 def _deepspeed():  # noqa: ANN202 - the module, imported late: it is an optional extra
@@ -95,6 +94,8 @@ class DeepSpeedBackend(Backend):
         )
         if self.parallel.compile and stage == 3:
             engine.compile()
+        if self.precision.param_dtype != "fp32":
+            _set_fp32_masters_(engine.module, self.ctx.device, init_seed, spec)
         self.model, self.optimizer = engine, optimizer
         self._last = True
 
@@ -152,19 +153,39 @@ def _fill_partitions_(module: nn.Module, rank: int, init_seed: int, spec: ModelS
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
     for name, p in module.named_parameters():
-        bare = strip_wrapper_names(name)
-        device = p.ds_tensor.device
-        full = torch.empty(tuple(p.ds_shape), dtype=torch.float32, device=device)
-        if spec.weights is not None:
-            full.copy_(spec.weights(bare))
-        else:
-            gen = torch.Generator(device=device).manual_seed(param_seed(init_seed, bare))
-            spec.init_param_(bare, full, gen)
+        full = full_param(
+            name,
+            p.ds_shape,
+            p.ds_tensor.device,
+            init_seed=init_seed,
+            init_param_=spec.init_param_,
+            weights=spec.weights,
+        )
         flat = full.flatten()
         size = p.ds_tensor.ds_numel
-        start = rank * size
-        local = flat[start : start + size]
+        local = flat[rank * size : (rank + 1) * size]
         p.ds_tensor.data.zero_()
         p.ds_tensor.data[: local.numel()].copy_(local)
         if p.ds_status == ZeroParamStatus.AVAILABLE:  # persistent (small) params are kept whole too
             p.data.copy_(full)
+
+
+@torch.no_grad()
+def _set_fp32_masters_(
+    module: nn.Module, device: torch.device, init_seed: int, spec: ModelSpec
+) -> None:
+    """DeepSpeed derives fp32 master weights from the bf16/fp16 copy (the init rounded to 8 or 11
+    bits). Put the exact fp32 init back, so every engine starts from the same master weights."""
+    from deepspeed.utils import safe_set_full_fp32_param
+
+    for name, p in module.named_parameters():
+        shape = p.ds_shape if hasattr(p, "ds_shape") else p.shape
+        full = full_param(
+            name,
+            shape,
+            device,
+            init_seed=init_seed,
+            init_param_=spec.init_param_,
+            weights=spec.weights,
+        )
+        safe_set_full_fp32_param(p, full)
