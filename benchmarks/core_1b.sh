@@ -5,7 +5,7 @@
 set -uo pipefail
 out=${1:-bench-out}
 mkdir -p "$out"
-common=(-c configs/llama3-1b-fsdp.yaml --train.steps 40 --log.every 5 --log.progress false)
+common=(-c configs/llama3-1b-fsdp.yaml --train.steps 40 --log.every 5 --log.progress false --checkpoint.save_final false)
 run() {  # name, extra args...
   local name=$1; shift
   echo "=== $name: zerofit train ${common[*]} $*"

@@ -148,6 +148,7 @@ class CheckpointConfig:
     dir: A[str | None, "default: <run_dir>/checkpoints"] = None
     every: A[int, "save every N steps (0: only at the end)"] = 0
     keep_last: A[int, "complete checkpoints kept; older ones are deleted"] = 2
+    save_final: A[bool, "save when the run ends (benchmarks turn it off)"] = True
 
 
 @dataclass

@@ -258,9 +258,11 @@ class Trainer:
                     self.save()
                     last_saved = self.step
                 progress.advance(self.step)
-        if last_saved != self.step or not ckpt.latest_checkpoint(self.ckpt_root):
+        if cfg.checkpoint.save_final and (
+            last_saved != self.step or not ckpt.latest_checkpoint(self.ckpt_root)
+        ):
             self.save()
-        summary["checkpoint"] = str(ckpt.latest_checkpoint(self.ckpt_root))
+        summary["checkpoint"] = str(ckpt.latest_checkpoint(self.ckpt_root) or "-")
         summary["wall_time_s"] = time.perf_counter() - t_start
         summary["world_size"] = ctx.world_size
         summary["device"] = ctx.device.type
