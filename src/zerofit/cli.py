@@ -96,7 +96,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--nproc", type=int, default=None, help="world size to compute train_batch_size for"
     )
     ds.add_argument("--nnodes", type=int, default=1)
+    plan = sub.add_parser(
+        "plan",
+        help="per-GPU memory and speed of every strategy, and which to use",
+        description="Forecast per-GPU memory (by component) and speed for DDP, FSDP and ZeRO, say what fits, and recommend.",
+    )
+    from zerofit.planner.cli import add_arguments
+
+    add_arguments(plan)
     return parser
+
+
+def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
+    from zerofit.planner.cli import cmd_plan as run_plan
+
+    if overrides:
+        raise UserError(f"unrecognized arguments: {' '.join(overrides)}")
+    return run_plan(args)
 
 
 def cmd_ds_config(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -189,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     try:
         overrides = split_overrides(rest)
-        handler = {"train": cmd_train, "ds-config": cmd_ds_config}[args.command]
+        handler = {"train": cmd_train, "ds-config": cmd_ds_config, "plan": cmd_plan}[args.command]
         return handler(args, overrides)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

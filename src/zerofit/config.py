@@ -127,7 +127,7 @@ class DeepSpeedConfig:
 class ParallelConfig:
     """How the model is spread over the ranks."""
 
-    backend: A[str, "ddp | fsdp | deepspeed"] = "fsdp"
+    backend: A[str, "ddp | fsdp | deepspeed | auto (the planner's pick for this machine)"] = "fsdp"
     reshard_after_forward: A[bool, "FSDP: true = FULL_SHARD, false = SHARD_GRAD_OP"] = True
     replicate_degree: A[
         int, "FSDP hybrid sharding: replicas on the outer mesh dim (HSDP if > 1)"
@@ -428,7 +428,7 @@ def validate(cfg: Config) -> None:
         raise UserError(f"optim.grad_clip must be > 0 or null, got {o.grad_clip}")
     from zerofit.backends import backend_names  # late: backends import torch
 
-    if p.backend not in backend_names():
+    if p.backend not in [*backend_names(), "auto"]:
         raise UserError(
             f"parallel.backend: unknown backend '{p.backend}'{_suggest(p.backend, backend_names(), 'parallel')}"
         )

@@ -103,6 +103,10 @@ def prepare_run(
     from zerofit.backends import get_backend
     from zerofit.trainer import build_inputs, compat_fingerprint, make_loader  # torch-heavy imports
 
+    if cfg.parallel.backend == "auto":
+        from zerofit.planner.auto import resolve_auto
+
+        cfg = resolve_auto(cfg, world_size)
     cfg = get_backend(cfg.parallel.backend).prepare_config(cfg, world_size, device_type)
     cfg = replace(cfg, precision=resolve_precision(cfg.precision, device_type))
     dp = check_world(cfg, world_size)

@@ -1,0 +1,47 @@
+"""`parallel.backend: auto`: the planner picks the strategy for this machine before launch."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+from zerofit.config import Config, with_fields
+from zerofit.errors import UserError
+from zerofit.planner.memory import Workload
+from zerofit.planner.plan import plan, recommend
+from zerofit.planner.shape import detect_hardware, shape_from_hf_config, shape_from_preset
+
+
+def resolve_auto(cfg: Config, world_size: int) -> Config:
+    hw = detect_hardware()
+    if hw is None:  # CPU processes on gloo: memory is host RAM, FSDP is the general answer
+        print("parallel.backend auto: no GPU, using fsdp", file=sys.stderr)
+        return with_fields(cfg, {"parallel.backend": "fsdp"})
+    hw = replace(
+        hw,
+        gpus_per_node=min(hw.gpus_per_node, world_size),
+        nodes=max(1, world_size // hw.gpus_per_node),
+    )
+    m = cfg.model
+    shape = shape_from_hf_config(m.hf) if m.hf else shape_from_preset(m.preset, m.overrides)
+    p = cfg.precision
+    w = Workload(
+        cfg.train.micro_batch_size,
+        m.seq_len,
+        world_size,
+        cfg.train.grad_accum_steps,
+        p.param_dtype or "bf16",
+        p.master_dtype or "fp32",
+        p.reduce_dtype or "fp32",
+    )
+    options = plan(shape, w, hw)
+    best = recommend(options)
+    if best is None:
+        raise UserError(
+            f"parallel.backend auto: nothing fits; the closest is {options[0].strategy.label} ({options[0].why_not})"
+        )
+    print(
+        f"parallel.backend auto: {best.strategy.label} (predicted {best.memory.peak_reserved / 2**30:.1f} GiB per GPU)",
+        file=sys.stderr,
+    )
+    return with_fields(cfg, best.strategy.overrides())
