@@ -104,7 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
     from zerofit.planner.cli import add_arguments
 
     add_arguments(plan)
+    doctor = sub.add_parser(
+        "doctor", help="check a run directory: sharding, dtypes, batch, environment, memory"
+    )
+    doctor.add_argument("run_dir", help="a zerofit run directory")
     return parser
+
+
+def cmd_doctor(args: argparse.Namespace, overrides: list[str]) -> int:
+    from zerofit.doctor import diagnose, print_report
+
+    run = Path(args.run_dir)
+    if not run.is_dir():
+        raise UserError(f"no such run directory: {run}")
+    return print_report(diagnose(run))
 
 
 def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -205,7 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     try:
         overrides = split_overrides(rest)
-        handler = {"train": cmd_train, "ds-config": cmd_ds_config, "plan": cmd_plan}[args.command]
+        handler = {
+            "train": cmd_train,
+            "ds-config": cmd_ds_config,
+            "plan": cmd_plan,
+            "doctor": cmd_doctor,
+        }[args.command]
         return handler(args, overrides)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -96,6 +96,8 @@ class Trainer:
         self.fingerprint = compat_fingerprint(cfg, self.spec, ctx.world_size)
         self.step = 0
         self.write_sharding_report()
+        if ctx.is_main:
+            (run_dir / "env.json").write_text(json.dumps(environment(ctx), indent=1))
 
     def write_sharding_report(self) -> None:
         """Per-rank local vs global parameter elements: proof that sharding took effect."""
@@ -218,6 +220,10 @@ class Trainer:
                 if read_compute_dtype is not None:
                     self.write_precision_report(read_compute_dtype())
                     read_compute_dtype = None
+                if (
+                    self.step == 3 and ctx.device.type == "cuda"
+                ):  # steady state reached: stop recording
+                    torch.cuda.memory._record_memory_history(enabled=None)
                 loss_sum += loss
                 window += 1
                 meter.tick()
@@ -273,9 +279,54 @@ class Trainer:
         return summary
 
 
+def environment(ctx: DistContext) -> dict[str, Any]:
+    """What `zerofit doctor` checks about the machine: versions, GPUs, NCCL/CUDA variables."""
+    import os
+
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if ctx.device.type == "cuda"
+        else []
+    )
+    keep = (
+        "NCCL_",
+        "CUDA_",
+        "TORCH_NCCL",
+        "TORCH_DISTRIBUTED",
+        "OMP_NUM_THREADS",
+        "PYTORCH_CUDA_ALLOC_CONF",
+    )
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": ctx.device.type,
+        "world_size": ctx.world_size,
+        "gpus": gpus,
+        "env": {k: v for k, v in os.environ.items() if k.startswith(keep)},
+    }
+
+
 def run_training(cfg: Config, run_dir: Path, resume: Path | None) -> dict[str, Any]:
     ctx = init_distributed(cfg.parallel.replicate_degree)
-    trainer = Trainer(cfg, run_dir, ctx)
-    if resume is not None:
-        trainer.resume(resume)
-    return trainer.fit()
+    if ctx.device.type == "cuda":  # record allocations during start-up and the first steps
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
+    try:
+        trainer = Trainer(cfg, run_dir, ctx)
+        if resume is not None:
+            trainer.resume(resume)
+        return trainer.fit()
+    except torch.cuda.OutOfMemoryError:
+        raise UserError(oom_report(cfg, run_dir, ctx)) from None
+
+
+def oom_report(cfg: Config, run_dir: Path, ctx: DistContext) -> str:
+    """Dump the CUDA memory snapshot and a diagnosis; returns the one-line message."""
+    from zerofit.doctor import oom_advice
+
+    snapshot = run_dir / f"oom_snapshot_rank{ctx.rank}.pickle"
+    torch.cuda.memory._dump_snapshot(str(snapshot))
+    torch.cuda.memory._record_memory_history(enabled=None)
+    gpu_mem = torch.cuda.get_device_properties(ctx.device).total_memory
+    advice = oom_advice(cfg, ctx.world_size, gpu_mem)
+    (run_dir / f"oom_rank{ctx.rank}.txt").write_text(advice + "\n")
+    return f"CUDA out of memory on rank {ctx.rank}: {advice}. Snapshot: {snapshot} (open it at pytorch.org/memory_viz)"

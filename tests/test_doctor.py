@@ -1,0 +1,59 @@
+"""`zerofit doctor` on real runs, and the OOM diagnosis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import train_run
+
+from zerofit.cli import main
+from zerofit.config import load_config
+from zerofit.doctor import diagnose, oom_advice
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("doctor")
+    extra = {"train": {"steps": 2}}
+    return {
+        "sharded": train_run(tmp, "sharded", extra, "--nproc", "2"),
+        # FSDP asked for, but replicate_degree = world size: every rank holds the whole model
+        "unsharded": train_run(
+            tmp, "unsharded", {**extra, "parallel": {"replicate_degree": 2}}, "--nproc", "2"
+        ),
+    }
+
+
+def test_doctor_catches_parameters_that_are_not_sharded(runs: dict[str, Path], capsys) -> None:
+    findings = {f.check: f for f in diagnose(runs["unsharded"])}
+    assert findings["sharding"].status == "FAIL"
+    assert (
+        "NOT sharded" in findings["sharding"].message
+        and "replicate_degree=2" in findings["sharding"].message
+    )
+    assert main(["doctor", str(runs["unsharded"])]) == 1
+
+
+def test_doctor_passes_a_sharded_run(runs: dict[str, Path], capsys) -> None:
+    findings = {f.check: f for f in diagnose(runs["sharded"])}
+    assert findings["sharding"].status == "ok" and "50.0%" in findings["sharding"].message
+    assert findings["precision"].status == "ok" and findings["batch"].status == "ok"
+    assert main(["doctor", str(runs["sharded"])]) == 0
+
+
+def test_oom_advice_names_the_biggest_component_and_a_fix(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(
+        "model: {preset: llama3-8b, seq_len: 4096}\ntrain: {micro_batch_size: 4}\nprecision: {mode: bf16}\n"
+    )
+    advice = oom_advice(load_config(cfg_file), world=8, gpu_mem=80 * 10**9)
+    assert advice.startswith("biggest component: activations")
+    assert "next step: turn on activation checkpointing" in advice
+
+
+def test_doctor_rejects_a_non_run(tmp_path: Path, capsys) -> None:
+    assert main(["doctor", str(tmp_path)]) == 2
+    assert "not a zerofit run directory" in capsys.readouterr().err
