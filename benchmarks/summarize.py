@@ -28,7 +28,9 @@ def summarize(run_dir: Path) -> dict:
 
 def main(paths: list[str]) -> None:
     rows = [summarize(Path(p)) for p in paths if (Path(p) / "metrics.jsonl").is_file()]
-    print("| run | tokens/s | MFU | step (s) | peak alloc GiB | peak reserved GiB | loss @ last step |")
+    print(
+        "| run | tokens/s | MFU | step (s) | peak alloc GiB | peak reserved GiB | loss @ last step |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
