@@ -39,6 +39,16 @@ CONFIGS = {
         "--parallel.activation_checkpointing",
         "full",
     ],
+    "1b_zero3_mbs2": [*ONE_B, "--train.micro_batch_size", "2", "--parallel.backend", "deepspeed"],
+    "1b_ddp_mbs8_ac": [
+        *ONE_B,
+        "--train.micro_batch_size",
+        "8",
+        "--parallel.backend",
+        "ddp",
+        "--parallel.activation_checkpointing",
+        "full",
+    ],
     "1b_fsdp_seq8192_mbs1": [*ONE_B, "--model.seq_len", "8192", "--train.micro_batch_size", "1"],
     "4b_fsdp_mbs2_ac": [
         *EIGHT_B,
@@ -105,9 +115,11 @@ def main(out: Path, names: list[str]) -> None:
         if measured:
             row["error"] = predicted / measured - 1
         else:
-            row["failure"] = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            errors = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln]
+            row["failure"] = (errors or ["?"])[-3:]
+            (out / f"{name}.err").write_text(proc.stderr[-20000:])
         rows.append(row)
-        err = f"{100 * row['error']:+.1f}%" if measured else row["failure"][:80]
+        err = f"{100 * row['error']:+.1f}%" if measured else " | ".join(row["failure"])[:400]
         print(
             f"{name:<24} predicted {predicted:7.2f} GiB  measured {measured or 0:7.2f} GiB  {err}",
             flush=True,

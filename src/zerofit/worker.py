@@ -20,17 +20,24 @@ def main(argv: list[str] | None = None) -> int:
     from zerofit.dist import shutdown
     from zerofit.trainer import run_training
 
+    code = 0
     try:
         cfg = load_config(args.config)
         run_training(cfg, Path(args.run_dir), Path(args.resume) if args.resume else None)
     except UserError as e:
         if int(os.environ.get("RANK", 0)) == 0:
             print(f"error: {e}", file=sys.stderr)
-        return 2
+        code = 2
     finally:
         shutdown()
-    return 0
+    return code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is written and the process group is destroyed. Skip interpreter teardown: with
+    # gloo and CPU offload, C++ worker threads destroyed at exit have aborted the process (SIGABRT,
+    # "terminate called without an active exception") after a complete run.
+    os._exit(exit_code)
