@@ -23,7 +23,9 @@ ZERO = {
     "zero2": {"stage": 2},
     "zero3": {"stage": 3},
     "zero3_offload_optimizer_cpu": {"stage": 3, "offload_optimizer": "cpu", "pin_memory": False},
+    "zero3_activation_checkpointing": {"stage": 3},
 }
+PARALLEL_EXTRA = {"zero3_activation_checkpointing": {"activation_checkpointing": "full"}}
 
 
 @pytest.fixture(scope="module")
