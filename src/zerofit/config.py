@@ -312,11 +312,14 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return tree
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(
+    base: dict[str, Any], extra: dict[str, Any], atomic: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """`extra` over `base`, recursively; keys in `atomic` are replaced whole, never merged."""
     out = dict(base)
     for k, v in extra.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "overrides":
-            out[k] = _merge(out[k], v)
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k not in atomic:
+            out[k] = deep_merge(out[k], v, atomic)
         else:
             out[k] = v
     return out
@@ -343,7 +346,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Load a YAML config (or the embedded defaults when path is None), apply dotted overrides."""
     data = read_yaml(path) if path else {}
-    data = _merge(data, parse_overrides(overrides or []))
+    data = deep_merge(data, parse_overrides(overrides or []), frozenset({"overrides"}))
     return config_from_dict(data)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerofit.config import Config, explicit_keys, get_field, with_fields
+from zerofit.config import Config, deep_merge, explicit_keys, get_field, with_fields
 from zerofit.errors import UserError
 
 _MISSING = object()
@@ -138,15 +138,6 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
     tree[leaf] = value
 
 
-def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in top.items():
-        out[k] = (
-            _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-        )
-    return out
-
-
 def read_user_json(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
@@ -181,7 +172,7 @@ def to_ds_json(cfg: Config, world_size: int) -> dict[str, Any]:
         _set(ours, "zero_optimization.memory_efficient_linear", False)
     if cfg.parallel.deepspeed.torch_adam and (_offload_opt(cfg) or _offload_param(cfg)):
         ours["zero_force_ds_cpu_optimizer"] = False  # allow torch AdamW on offloaded states
-    return _deep_merge(user, ours)
+    return deep_merge(user, ours)
 
 
 def merge_user_json(cfg: Config, world_size: int) -> Config:
