@@ -45,6 +45,11 @@ def test_fsdp_model_states_by_hand() -> None:
     assert (mem.parameters, mem.gradients, mem.optimizer_states) == (P, P, 2 * P)
 
 
+def test_loading_needs_one_full_fp32_tensor_of_host_ram() -> None:
+    m = shape_from_preset("llama3-8b")
+    assert estimate(m, Workload(1, 128, 8), Strategy("fsdp")).loading_host == 4 * 128256 * 4096
+
+
 def test_deepspeed_published_model_state_formulas() -> None:
     """deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs, largest layer aside:
     no offload 18P/W per GPU; optimizer offload 2P/W per GPU and 16P per node in host RAM;

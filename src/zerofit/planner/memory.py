@@ -16,7 +16,8 @@ over, e_c / e_m / e_o / e_r = bytes of the compute, master, optimizer-state and 
   cast (T x V x (8 + e_c)): large for 128K vocabularies;
 - buffers: engine working memory (FSDP units gathered in flight with prefetch and the root's
   unsharded head gradient; DeepSpeed buckets and gathered ZeRO-3 params; DDP autocast weight casts);
-- overhead (reserved, not allocated): CUDA context and the caching allocator's fragmentation.
+- overhead (reserved, not allocated): CUDA context and the caching allocator's fragmentation;
+- host RAM: offloaded states and staging buffers, and while loading, one full fp32 tensor per rank.
 
 The peak is the larger of the start of backward (activations + logits alive, gradients not yet
 produced unless they persist) and the end of backward (all gradients, no activations).
@@ -112,6 +113,7 @@ class Memory:
     buffers: float = 0.0
     host: float = 0.0  # host RAM per rank (offload, pinned buffers)
     nvme: float = 0.0  # NVMe per rank
+    loading_host: float = 0.0  # host RAM per rank while the model is built (one full fp32 tensor)
     notes: list[str] = field(default_factory=list)
     peak_allocated: float = 0.0
 
@@ -168,6 +170,9 @@ def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:
     )
     W = w.world_size
     mem = Memory(activations=activation_bytes(m, w, s), logits=w.tokens * m.vocab_size * (8 + e_c))
+    # zerofit materializes (or reads from safetensors) one full parameter at a time, in fp32; the
+    # largest is the embedding or the widest FFN matrix.
+    mem.loading_host = 4 * max(head, m.dim * m.ffn_dim)
     persistent_grads = w.grad_accum_steps > 1
     mixed = e_c != e_m
 

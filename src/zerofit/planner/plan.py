@@ -126,6 +126,7 @@ def to_json(m: ModelShape, w: Workload, hw: Hardware, options: list[Option]) -> 
                 "peak_reserved_gib": o.memory.peak_reserved / gib,
                 "host_gib_per_gpu": o.memory.host / gib,
                 "nvme_gib_per_gpu": o.memory.nvme / gib,
+                "host_gib_per_gpu_while_loading": o.memory.loading_host / gib,
                 "step_time_s": o.speed.step_time,
                 "tokens_per_s": o.speed.tokens_per_s,
                 "mfu": o.speed.mfu,
