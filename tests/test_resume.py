@@ -86,3 +86,44 @@ def test_save_killed_midway_leaves_previous_checkpoint(tmp_path: Path) -> None:
     assert latest_checkpoint(root) == root / "step_00000006"
     assert not (root / "step_00000006.tmp").exists()
     assert sorted(losses(run))[-3:] == [4, 5, 6]
+
+
+def test_joins_an_external_torchrun(tmp_path: Path) -> None:
+    """Started by the user's own torchrun, every rank runs `zerofit train` and joins its group."""
+    import os
+
+    cfg = write_config(
+        tmp_path / "c.yaml", {"train": {"steps": 3}, "log": {"run_dir": str(tmp_path / "run")}}
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "zerofit.cli",
+            "train",
+            "-c",
+            str(cfg),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "run"
+    assert sorted(losses(run)) == [1, 2, 3]
+    assert sorted(p.name for p in (run / "sharding").iterdir()) == ["rank0.json", "rank1.json"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("run")] == [
+        "run"
+    ]  # one run dir
