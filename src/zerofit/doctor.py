@@ -133,35 +133,10 @@ def check_environment(run: Path) -> Finding:
 
 def predicted_peak(cfg: Config, world: int) -> tuple[float, dict[str, float]]:
     """The planner's peak allocated GiB for this run's config, and its components."""
-    from zerofit.planner.memory import Strategy, Workload, estimate
-    from zerofit.planner.shape import shape_from_hf_config, shape_from_preset
+    from zerofit.planner.memory import estimate, strategy_for, workload_for
+    from zerofit.planner.shape import shape_from_config
 
-    m, p, ds = cfg.model, cfg.parallel, cfg.parallel.deepspeed
-    shape = shape_from_hf_config(m.hf) if m.hf else shape_from_preset(m.preset, m.overrides)
-    ac = "full" if p.activation_checkpointing != "none" else "none"
-    strategy = Strategy(
-        p.backend,
-        p.reshard_after_forward,
-        p.replicate_degree,
-        p.cpu_offload,
-        ds.stage,
-        ds.offload_optimizer,
-        ds.offload_param,
-        ac,
-        p.compile,
-    )
-    w = Workload(
-        cfg.train.micro_batch_size,
-        m.seq_len,
-        world,
-        cfg.train.grad_accum_steps,
-        cfg.precision.param_dtype or "bf16",
-        cfg.precision.master_dtype or "fp32",
-        cfg.precision.reduce_dtype or "fp32",
-        ds.reduce_bucket_size,
-        ds.allgather_bucket_size,
-    )
-    mem = estimate(shape, w, strategy)
+    mem = estimate(shape_from_config(cfg), workload_for(cfg, world), strategy_for(cfg))
     return mem.peak_allocated / GIB, {k: v / GIB for k, v in mem.components().items()}
 
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 from zerofit.config import Config, with_fields
 from zerofit.errors import UserError
-from zerofit.planner.memory import Workload
+from zerofit.planner.memory import workload_for
 from zerofit.planner.plan import plan, recommend
-from zerofit.planner.shape import detect_hardware, shape_from_hf_config, shape_from_preset
+from zerofit.planner.shape import detect_hardware, shape_from_config
 
 
 def resolve_auto(cfg: Config, world_size: int) -> Config:
@@ -22,19 +22,7 @@ def resolve_auto(cfg: Config, world_size: int) -> Config:
         gpus_per_node=min(hw.gpus_per_node, world_size),
         nodes=max(1, world_size // hw.gpus_per_node),
     )
-    m = cfg.model
-    shape = shape_from_hf_config(m.hf) if m.hf else shape_from_preset(m.preset, m.overrides)
-    p = cfg.precision
-    w = Workload(
-        cfg.train.micro_batch_size,
-        m.seq_len,
-        world_size,
-        cfg.train.grad_accum_steps,
-        p.param_dtype or "bf16",
-        p.master_dtype or "fp32",
-        p.reduce_dtype or "fp32",
-    )
-    options = plan(shape, w, hw)
+    options = plan(shape_from_config(cfg), workload_for(cfg, world_size), hw)
     best = recommend(options)
     if best is None:
         raise UserError(

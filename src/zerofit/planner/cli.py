@@ -19,8 +19,8 @@ from zerofit.planner.shape import (
     ModelShape,
     detect_hardware,
     parse_size,
+    shape_from_config,
     shape_from_hf_config,
-    shape_from_preset,
 )
 
 GIB = 2**30
@@ -78,9 +78,7 @@ def _model_and_base(args: argparse.Namespace) -> tuple[ModelShape, Config]:
             base, {"model.preset": args.preset, "model.hf": None, "model.overrides": {}}
         )
     if args.config or args.preset:
-        if base.model.hf:
-            return shape_from_hf_config(base.model.hf), base
-        return shape_from_preset(base.model.preset, base.model.overrides), base
+        return shape_from_config(base), base
     if args.hf_config:
         return shape_from_hf_config(args.hf_config), with_fields(
             base,

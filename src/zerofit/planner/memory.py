@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zerofit.config import Config
 from zerofit.planner.shape import ModelShape
 
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -99,6 +100,39 @@ class Workload:
     @property
     def tokens(self) -> int:
         return self.micro_batch_size * self.seq_len
+
+
+def strategy_for(cfg: Config) -> Strategy:
+    """The strategy a zerofit config selects (every_k checkpointing counts as full)."""
+    p, ds = cfg.parallel, cfg.parallel.deepspeed
+    ac = "full" if p.activation_checkpointing != "none" else "none"
+    return Strategy(
+        p.backend,
+        p.reshard_after_forward,
+        p.replicate_degree,
+        p.cpu_offload,
+        ds.stage,
+        ds.offload_optimizer,
+        ds.offload_param,
+        ac,
+        p.compile,
+    )
+
+
+def workload_for(cfg: Config, world_size: int) -> Workload:
+    """The workload of a zerofit config on `world_size` ranks (unresolved dtypes: bf16/fp32/fp32)."""
+    p, ds = cfg.precision, cfg.parallel.deepspeed
+    return Workload(
+        cfg.train.micro_batch_size,
+        cfg.model.seq_len,
+        world_size,
+        cfg.train.grad_accum_steps,
+        p.param_dtype or "bf16",
+        p.master_dtype or "fp32",
+        p.reduce_dtype or "fp32",
+        ds.reduce_bucket_size,
+        ds.allgather_bucket_size,
+    )
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from zerofit.config import Config
 from zerofit.errors import UserError
 
 
@@ -59,6 +60,12 @@ def shape_from_preset(preset: str, overrides: dict | None = None) -> ModelShape:
 
     a = _llama_args(preset, overrides)
     return ModelShape(preset, a.n_layers, a.dim, a.n_heads, a.n_kv_heads, a.ffn_dim, a.vocab_size)
+
+
+def shape_from_config(cfg: Config) -> ModelShape:
+    """The shape of a zerofit config's model (preset with overrides, or HF config.json)."""
+    m = cfg.model
+    return shape_from_hf_config(m.hf) if m.hf else shape_from_preset(m.preset, m.overrides)
 
 
 def shape_from_hf_config(path: str) -> ModelShape:
