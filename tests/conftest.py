@@ -71,6 +71,24 @@ def train_run(tmp: Path, name: str, extra: dict | None = None, *args: str) -> Pa
     return run_dir
 
 
+def assert_resume_exact(tmp: Path, extra: dict) -> tuple[Path, Path]:
+    """Train 10 steps (checkpoint every 5) in tmp/full; resume a copy of the step-5 checkpoint in
+    tmp/cut, as if the run had died at step 7; steps 6-10 must log bitwise-equal losses."""
+    import shutil
+
+    extra = deep_update(extra, {"checkpoint": {"every": 5}})
+    full = train_run(tmp, "full", extra, "--nproc", "2")
+    cut = tmp / "cut"
+    shutil.copytree(full / "checkpoints" / "step_00000005", cut / "checkpoints" / "step_00000005")
+    cfg = write_config(tmp / "cut.yaml", deep_update(extra, {"log": {"run_dir": str(cut)}}))
+    proc = zerofit("train", "-c", str(cfg), "--nproc", "2", "--resume", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    before, after = losses(full), losses(cut)
+    assert sorted(after) == [6, 7, 8, 9, 10]
+    assert all(after[s] == before[s] for s in after), {s: (before[s], after[s]) for s in after}
+    return full, cut
+
+
 @pytest.fixture(scope="session")
 def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("runs")

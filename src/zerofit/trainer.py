@@ -165,14 +165,14 @@ class Trainer:
                 self.backend.backward(loss)
             total += loss.detach()
         o = self.cfg.optim
-        lr = lr_at(
+        self.lr = lr_at(
             self.step,
             lr=o.lr,
             warmup_steps=o.warmup_steps,
             total_steps=self.cfg.train.steps,
             min_lr_ratio=o.min_lr_ratio,
         )
-        grad_norm = self.backend.step(lr)
+        grad_norm = self.backend.step(self.lr)
         self.step += 1
         return total, grad_norm
 
@@ -236,14 +236,7 @@ class Trainer:
                         "loss": ctx.all_reduce_mean(loss_sum / window).item(),
                     }
                     record["grad_norm"] = float(grad_norm)
-                    o = cfg.optim
-                    record["lr"] = lr_at(
-                        self.step - 1,
-                        lr=o.lr,
-                        warmup_steps=o.warmup_steps,
-                        total_steps=t.steps,
-                        min_lr_ratio=o.min_lr_ratio,
-                    )
+                    record["lr"] = self.lr  # of the step just taken
                     record.update(meter.read())
                     record.update(memory_stats(ctx.device))
                     loss_sum.zero_()

@@ -34,7 +34,7 @@ class FSDPBackend(TorchBackend):
             wrap=p.wrap,
             min_num_params=p.min_num_params,
         )
-        init_device = self.ctx.device if not p.cpu_offload else self.ctx.device.__class__("cpu")
+        init_device = torch.device("cpu") if p.cpu_offload else self.ctx.device
         materialize_(
             module,
             init_device,
