@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -104,6 +105,41 @@ def build_parser() -> argparse.ArgumentParser:
     from zerofit.planner.cli import add_arguments
 
     add_arguments(plan)
+    bench = sub.add_parser(
+        "bench",
+        help="measure engines and settings side by side (tokens/s, MFU, memory)",
+        description="Run each variant as its own `zerofit train` on the same model, data and seed; "
+        "report the median step after warm-up, write results.json, results.md and charts.",
+        epilog="examples:\n"
+        "  zerofit bench -c cfg.yaml --backends ddp,fsdp,deepspeed\n"
+        "  zerofit bench -c cfg.yaml --backends fsdp,deepspeed --sweep train.micro_batch_size=1,2,4\n"
+        "  zerofit bench -c cfg.yaml --backends deepspeed --sweep parallel.deepspeed.reduce_bucket_size=5e7,2e8\n"
+        "  zerofit bench -c cfg.yaml --variant 'compiled: parallel.compile=true' --train.micro_batch_size 2",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_argument("-c", "--config", help="YAML config file shared by every variant")
+    bench.add_argument(
+        "--backends", default=None, help="comma-separated engines (default: the config's)"
+    )
+    bench.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="vary a config key; several --sweep give their product",
+    )
+    bench.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="'NAME: KEY=V ...'",
+        help="an extra named variant (its overrides on top of the shared ones)",
+    )
+    bench.add_argument("--nproc", type=int, default=None, help="processes per variant")
+    bench.add_argument("--warmup", type=int, default=3, help="steps left out of the timing")
+    bench.add_argument("--steps", type=int, default=10, help="timed steps (median taken)")
+    bench.add_argument("--timeout", type=float, default=None, help="seconds per variant")
+    bench.add_argument("--out", default=None, help="output directory (default runs/bench-<time>)")
     doctor = sub.add_parser(
         "doctor", help="check a run directory: sharding, dtypes, batch, environment, memory"
     )
@@ -126,6 +162,67 @@ def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
     if overrides:
         raise UserError(f"unrecognized arguments: {' '.join(overrides)}")
     return run_plan(args)
+
+
+def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
+    import time
+
+    from zerofit import bench
+    from zerofit.backends import registry
+    from zerofit.bench_report import environment, print_table, write_report
+
+    if args.steps < 1 or args.warmup < 0:
+        raise UserError("--steps must be >= 1 and --warmup >= 0")
+    owners = {name: cls.own_keys for name, cls in registry().items()}
+    sweeps = [bench.parse_sweep(s) for s in args.sweep]
+    extra = [bench.parse_variant(v) for v in args.variant]
+    if args.backends or not extra:
+        names = (
+            args.backends.split(",")
+            if args.backends
+            else [load_config(args.config, overrides).parallel.backend]
+        )
+        variants = bench.expand([b.strip() for b in names if b.strip()], sweeps, owners)
+    else:
+        variants = []
+    variants += extra
+    for v in variants:  # every variant's config must load before anything runs
+        try:
+            load_config(args.config, [*overrides, *v.overrides])
+        except UserError as e:
+            raise UserError(f"variant '{v.name}': {e}") from None
+    out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    if (out / "results.json").exists():
+        raise UserError(f"{out} already holds bench results; choose another --out")
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "command": "zerofit " + shlex.join(args.argv),
+        "nproc": args.nproc,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "env": environment(),
+    }
+    print(f"zerofit bench: {len(variants)} variant(s) -> {out}", flush=True)
+
+    def report(r: bench.Result) -> None:
+        figure = f"{r.tokens_per_s:,.0f} tokens/s" if r.tokens_per_s else r.error
+        print(f"  {r.name}: {r.status} {figure} ({r.wall_s:.0f} s)", flush=True)
+
+    results = bench.run_bench(
+        variants,
+        out,
+        base=overrides,
+        config=args.config,
+        nproc=args.nproc,
+        warmup=args.warmup,
+        steps=args.steps,
+        timeout=args.timeout,
+        on_result=report,
+    )
+    write_report(results, out, meta)
+    print_table(results)
+    print(f"results: {out}/results.json, results.md, throughput.png, memory.png")
+    return 0 if any(r.status == "ok" for r in results) else 1
 
 
 def cmd_ds_config(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -216,6 +313,7 @@ def _train_joined(cfg, opts) -> int:  # noqa: ANN001
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
     try:
         overrides = split_overrides(rest)
         handler = {
@@ -223,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             "ds-config": cmd_ds_config,
             "plan": cmd_plan,
             "doctor": cmd_doctor,
+            "bench": cmd_bench,
         }[args.command]
         return handler(args, overrides)
     except UserError as e:

@@ -274,6 +274,8 @@ def validate(cfg: Config) -> None:
         ("train.eval_every", t.eval_every),
         ("checkpoint.every", cfg.checkpoint.every),
         ("optim.warmup_steps", o.warmup_steps),
+        ("model.loss_chunk", m.loss_chunk),
+        ("parallel.prefetch", p.prefetch),
     ]:
         if value < 0:
             raise UserError(f"{name} must be >= 0, got {value}")

@@ -75,6 +75,9 @@ TABLE: tuple[Row, ...] = (
     Row("precision.param_dtype", "fp16.enabled", _fp16_to, _fp16_from),
     Row("precision.param_dtype", "bf16.enabled", _bf16_to, _bf16_from),
     Row("precision.reduce_dtype", "communication_data_type"),
+    # bf16 master weights, gradients and AdamW states (DeepSpeed >= 0.18); fp32 is the default.
+    Row("precision.master_dtype", "bf16.bf16_master_weights_and_grads", _bf16_to, _bf16_from),
+    Row("precision.master_dtype", "bf16.bf16_optimizer_states", _bf16_to, _bf16_from),
     Row(_DS + "loss_scale_window", "fp16.loss_scale_window", when=_fp16),
     Row(_DS + "initial_scale_power", "fp16.initial_scale_power", when=_fp16),
     Row(_DS + "hysteresis", "fp16.hysteresis", when=_fp16),
@@ -87,6 +90,12 @@ TABLE: tuple[Row, ...] = (
         when=_offload_opt,
     ),
     Row(_DS + "nvme_path", "zero_optimization.offload_optimizer.nvme_path", when=_offload_opt),
+    Row(
+        _DS + "offload_ratio",
+        "zero_optimization.offload_optimizer.ratio",
+        from_ds=float,
+        when=_offload_opt,
+    ),
     Row(_DS + "pin_memory", "zero_optimization.offload_optimizer.pin_memory", when=_offload_opt),
     Row(
         _DS + "offload_param",

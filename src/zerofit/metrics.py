@@ -94,6 +94,32 @@ class Throughput:
         return out
 
 
+class StepTimer:
+    """Per-step durations with no host sync in the step: CUDA events on GPU, wall clock on CPU.
+
+    `mark()` after each step; `durations()` (which syncs once) gives the time between marks.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def durations(self) -> list[float]:
+        pairs = list(zip(self.marks, self.marks[1:], strict=False))
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in pairs]
+        return [b - a for a, b in pairs]
+
+
 class MetricsSink:
     """Rank 0 writes metrics.jsonl and (optionally) TensorBoard events into the run directory."""
 

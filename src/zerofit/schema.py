@@ -21,6 +21,9 @@ class ModelConfig:
     hf: A[str | None, "or a local Hugging Face model directory (config.json, *.safetensors)"] = None
     seq_len: A[int, "tokens per training sequence"] = 256
     init_seed: A[int, "seed of the parameter initialisation"] = 0
+    loss_chunk: A[
+        int, "tokens per chunk of the fused output layer + cross-entropy (0: full logits)"
+    ] = 8192
     overrides: A[dict[str, Any], "change preset/HF config fields, e.g. {n_layers: 2}"] = field(
         default_factory=dict
     )
@@ -88,6 +91,9 @@ class DeepSpeedConfig:
         Literal[0, 1, 2, 3], "ZeRO stage: 1 optimizer states, 2 + gradients, 3 + parameters"
     ] = 3
     offload_optimizer: A[Literal["none", "cpu", "nvme"], "where optimizer states live"] = "none"
+    offload_ratio: A[
+        float, "stage 3: share of optimizer states offloaded; the rest are updated on the GPU"
+    ] = 1.0
     offload_param: A[Literal["none", "cpu", "nvme"], "stage 3: where parameters live"] = "none"
     nvme_path: A[str | None, "directory on a fast SSD for nvme offload"] = None
     pin_memory: A[bool, "page-locked host buffers for offload"] = True
@@ -122,6 +128,10 @@ class ParallelConfig:
     replicate_degree: A[
         int, "FSDP hybrid sharding: replicas on the outer mesh dim (HSDP if > 1)"
     ] = 1
+    prefetch: A[
+        int,
+        "FSDP: blocks whose all-gather is issued ahead (0: FSDP2's implicit one-block prefetch)",
+    ] = 0
     wrap: A[Literal["block", "size"], "FSDP unit: each transformer block, or size-based"] = "block"
     min_num_params: A[int, "size policy: a module becomes a unit at this many params"] = 100_000_000
     cpu_offload: A[bool, "FSDP: sharded params, grads and AdamW states live in host RAM"] = False

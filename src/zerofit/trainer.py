@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from zerofit import checkpoint as ckpt
 from zerofit import precision_report
@@ -18,7 +17,7 @@ from zerofit.config import Config, check_world, resolve_precision
 from zerofit.data import DataBundle, PackedLoader, build_data, eval_batches
 from zerofit.dist import DistContext, init_distributed
 from zerofit.errors import UserError
-from zerofit.metrics import MetricsSink, Throughput, memory_stats, peak_flops
+from zerofit.metrics import MetricsSink, StepTimer, Throughput, memory_stats, peak_flops
 from zerofit.models import ModelSpec, build_model
 from zerofit.precision_report import watch_compute_dtype
 from zerofit.progress import Progress
@@ -34,7 +33,7 @@ class RunInputs:
 
 
 def build_inputs(cfg: Config) -> RunInputs:
-    spec = build_model(cfg.model.preset, cfg.model.hf, cfg.model.overrides)
+    spec = build_model(cfg.model.preset, cfg.model.hf, cfg.model.overrides, cfg.model.loss_chunk)
     if cfg.model.seq_len > spec.max_seq_len:
         raise UserError(
             f"model.seq_len={cfg.model.seq_len} is above the model's maximum {spec.max_seq_len}"
@@ -74,10 +73,6 @@ def compat_fingerprint(cfg: Config, spec: ModelSpec, world_size: int) -> dict[st
         "data.tokenizer": cfg.data.tokenizer,
         "world_size": world_size,
     }
-
-
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
 class Trainer:
@@ -161,7 +156,7 @@ class Trainer:
             inputs = inputs.to(device, non_blocking=True)
             targets = targets.to(device, non_blocking=True)
             with self.backend.micro_step(is_last=a == accum - 1):
-                loss = loss_fn(self.backend.model(inputs), targets) / accum
+                loss = self.backend.model(inputs, targets) / accum
                 self.backend.backward(loss)
             total += loss.detach()
         o = self.cfg.optim
@@ -190,8 +185,7 @@ class Trainer:
         total = torch.zeros((), device=self.ctx.device)
         for inputs, targets in batches:
             with self.backend.micro_step(is_last=True):
-                logits = model(inputs.to(self.ctx.device))
-            total += loss_fn(logits, targets.to(self.ctx.device))
+                total += model(inputs.to(self.ctx.device), targets.to(self.ctx.device))
         model.train()
         return self.ctx.all_reduce_mean(total / len(batches)).item()
 
@@ -199,12 +193,9 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         t = cfg.train
         tokens_per_step = t.micro_batch_size * t.grad_accum_steps * ctx.dp_size * cfg.model.seq_len
-        meter = Throughput(
-            tokens_per_step,
-            self.spec.flops_per_token(cfg.model.seq_len),
-            ctx.world_size,
-            peak_flops(ctx.device),
-        )
+        flops_per_token = self.spec.flops_per_token(cfg.model.seq_len)
+        meter = Throughput(tokens_per_step, flops_per_token, ctx.world_size, peak_flops(ctx.device))
+        timer = StepTimer(ctx.device)
         sink = MetricsSink(self.run_dir, cfg.log.jsonl, cfg.log.tensorboard, ctx.is_main)
         progress = Progress(t.steps, self.step, enabled=ctx.is_main and cfg.log.progress)
         loss_sum = torch.zeros((), device=ctx.device)
@@ -214,9 +205,11 @@ class Trainer:
         t_start = time.perf_counter()
         self.backend.model.train()
         read_compute_dtype = watch_compute_dtype(self.backend.model)
+        timer.mark()
         with progress:
             while self.step < t.steps:
                 loss, grad_norm = self.train_step()
+                timer.mark()
                 if read_compute_dtype is not None:
                     self.write_precision_report(read_compute_dtype())
                     read_compute_dtype = None
@@ -266,6 +259,11 @@ class Trainer:
         summary["world_size"] = ctx.world_size
         summary["device"] = ctx.device.type
         summary["num_params"] = self.spec.num_params
+        # What `zerofit bench` needs: per-step times (log/eval/save steps included) and the FLOPs.
+        summary["step_times_s"] = timer.durations()
+        summary["tokens_per_step"] = tokens_per_step
+        summary["flops_per_token"] = flops_per_token
+        summary["peak_flops"] = peak_flops(ctx.device)
         sink.close()
         if ctx.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

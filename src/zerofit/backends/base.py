@@ -26,6 +26,8 @@ class Backend(ABC):
     """
 
     name: ClassVar[str]
+    # Config keys (or key prefixes) only this engine reads: `zerofit bench` sweeps them for it alone.
+    own_keys: ClassVar[tuple[str, ...]] = ()
     model: nn.Module
     optimizer: torch.optim.Optimizer
 

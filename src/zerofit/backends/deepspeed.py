@@ -19,7 +19,7 @@ from torch import nn
 
 from zerofit.backends.base import Backend, register
 from zerofit.backends.torch_common import param_groups
-from zerofit.config import Config
+from zerofit.config import Config, resolve_precision
 from zerofit.errors import UserError
 from zerofit.models import ModelSpec
 from zerofit.parallelize import apply_ac, apply_compile, full_param, get_blocks, materialize_
@@ -37,6 +37,8 @@ def _deepspeed():  # noqa: ANN202 - the module, imported late: it is an optional
 
 @register("deepspeed")
 class DeepSpeedBackend(Backend):
+    own_keys = ("parallel.deepspeed.",)
+
     @classmethod
     def prepare_config(cls, cfg: Config, world_size: int, device_type: str) -> Config:
         from zerofit.ds_config import merge_user_json
@@ -49,6 +51,23 @@ class DeepSpeedBackend(Backend):
             raise UserError(f"parallel.deepspeed.offload_param needs stage 3 (stage is {ds.stage})")
         if "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path:
             raise UserError("nvme offload needs parallel.deepspeed.nvme_path")
+        if not 0.0 <= ds.offload_ratio <= 1.0:
+            raise UserError(
+                f"parallel.deepspeed.offload_ratio must be in [0, 1], got {ds.offload_ratio}"
+            )
+        if ds.offload_ratio != 1.0 and (ds.stage != 3 or ds.offload_optimizer != "cpu"):
+            raise UserError(
+                "parallel.deepspeed.offload_ratio needs stage 3 with offload_optimizer: cpu"
+            )
+        prec = resolve_precision(cfg.precision, device_type)
+        if prec.master_dtype != "fp32" and (prec.master_dtype, prec.param_dtype) != (
+            "bf16",
+            "bf16",
+        ):
+            raise UserError(
+                f"deepspeed keeps master weights in fp32, or in bf16 with bf16 compute; got "
+                f"precision.master_dtype={prec.master_dtype}, param_dtype={prec.param_dtype}"
+            )
         if cfg.parallel.replicate_degree != 1:
             raise UserError(
                 "parallel.replicate_degree (hybrid sharding) is an FSDP option; deepspeed shards over all ranks"
@@ -94,7 +113,7 @@ class DeepSpeedBackend(Backend):
         )
         if self.parallel.compile and stage == 3:
             engine.compile()
-        if self.precision.param_dtype != "fp32":
+        if self.precision.param_dtype != "fp32" and self.precision.master_dtype == "fp32":
             _set_fp32_masters_(engine.module, self.ctx.device, init_seed, spec)
         self.model, self.optimizer = engine, optimizer
         self._last = True

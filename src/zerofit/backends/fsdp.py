@@ -16,6 +16,15 @@ from zerofit.parallelize import apply_ac, apply_compile, apply_fsdp, get_blocks,
 
 @register("fsdp")
 class FSDPBackend(TorchBackend):
+    own_keys = (
+        "parallel.reshard_after_forward",
+        "parallel.prefetch",
+        "parallel.wrap",
+        "parallel.min_num_params",
+        "parallel.cpu_offload",
+        "parallel.replicate_degree",
+    )
+
     def setup(self, spec: ModelSpec, init_seed: int) -> None:
         p = self.parallel
         module = spec.module.to(self.master_dtype)  # on meta: a dtype change only
@@ -33,6 +42,7 @@ class FSDPBackend(TorchBackend):
             cpu_offload=p.cpu_offload,
             wrap=p.wrap,
             min_num_params=p.min_num_params,
+            prefetch=p.prefetch,
         )
         init_device = torch.device("cpu") if p.cpu_offload else self.ctx.device
         materialize_(

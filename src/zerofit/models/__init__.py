@@ -24,7 +24,7 @@ __all__ = ["PRESETS", "LlamaArgs", "ModelSpec", "build_model", "preset_names"]
 
 @dataclass
 class ModelSpec:
-    module: nn.Module  # parameters on meta, buffers real; forward(tokens) -> logits
+    module: nn.Module  # params on meta, buffers real; forward(tokens[, targets]) -> logits | loss
     blocks_path: str  # dotted path of the nn.ModuleList of decoder blocks in `module`
     vocab_size: int
     max_seq_len: int
@@ -64,10 +64,10 @@ def _llama_args(preset: str, overrides: dict | None) -> LlamaArgs:
     return args
 
 
-def _build_llama(preset: str, overrides: dict | None) -> ModelSpec:
+def _build_llama(preset: str, overrides: dict | None, loss_chunk: int) -> ModelSpec:
     args = _llama_args(preset, overrides)
     with meta_params():
-        model = Llama(args)
+        model = Llama(args, loss_chunk)
     return ModelSpec(
         module=model,
         blocks_path="layers",
@@ -78,7 +78,7 @@ def _build_llama(preset: str, overrides: dict | None) -> ModelSpec:
         init_param_=model.init_param_,
         fingerprint={"source": "zerofit-llama", "args": asdict(args)},
         weights=None,
-        construct=partial(Llama, args),
+        construct=partial(Llama, args, loss_chunk),
     )
 
 
@@ -101,15 +101,19 @@ def _build_hf(directory: str, overrides: dict | None) -> ModelSpec:
 
 
 def build_model(
-    preset: str | None = None, hf: str | None = None, overrides: dict | None = None
+    preset: str | None = None,
+    hf: str | None = None,
+    overrides: dict | None = None,
+    loss_chunk: int = 8192,
 ) -> ModelSpec:
     """Build a model spec from exactly one of a zerofit Llama ``preset`` or an ``hf`` directory.
 
     ``overrides`` changes LlamaArgs fields (preset) or config attributes (hf), e.g. {"n_layers": 2}.
+    ``loss_chunk``: tokens per chunk of the fused head + loss of the Llama presets (0: full logits).
     """
     if (preset is None) == (hf is None):
         raise UserError("give exactly one of model.preset or model.hf")
     if preset is not None:
-        return _build_llama(preset, overrides)
+        return _build_llama(preset, overrides, loss_chunk)
     assert hf is not None
     return _build_hf(hf, overrides)

@@ -20,6 +20,7 @@ from torch import nn
 
 from zerofit.errors import UserError
 from zerofit.models.llama import strip_wrapper_names
+from zerofit.models.loss import cross_entropy
 from zerofit.models.meta import meta_params
 
 PREFIX = "hf."
@@ -32,7 +33,7 @@ _NOT_ARCHITECTURE = {
 
 
 class HFCausalLM(nn.Module):
-    """Adapter: ``forward(tokens [B, T]) -> logits [B, T, V]`` over an HF causal LM in ``self.hf``."""
+    """Adapter: ``forward(tokens [B, T]) -> logits [B, T, V]`` (or the loss given targets) over an HF causal LM in ``self.hf``."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -43,8 +44,10 @@ class HFCausalLM(nn.Module):
             strip_wrapper_names(n): tuple(p.shape) for n, p in self.named_parameters()
         }
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.hf(input_ids=tokens, use_cache=False).logits
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits, or with ``targets`` the mean loss (on full logits: HF heads may scale or cap them)."""
+        logits = self.hf(input_ids=tokens, use_cache=False).logits
+        return logits if targets is None else cross_entropy(logits, targets)
 
     @torch.no_grad()
     def init_param_(self, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zerofit.models.loss import LMHead
+
 
 @dataclass(frozen=True)
 class LlamaArgs:
@@ -218,22 +220,24 @@ def strip_wrapper_names(name: str) -> str:
 
 
 class Llama(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, loss_chunk: int = 8192) -> None:
         super().__init__()
         args.validate()
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.output = LMHead(args.dim, args.vocab_size, bias=False)
+        self.output.loss_chunk = loss_chunk
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [B, T] (int64) -> logits [B, T, vocab_size]."""
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [B, T] (int64) -> logits [B, T, vocab_size]; with targets [B, T], the mean loss
+        (computed chunk by chunk, never holding all logits: see ``zerofit.models.loss``)."""
         rope = rope_table(self.args.head_dim, tokens.shape[1], self.args.rope_theta, tokens.device)
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, rope)
-        return self.output(self.norm(h))
+        return self.output(self.norm(h), targets)
 
     @torch.no_grad()
     def init_param_(self, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:

@@ -1,0 +1,217 @@
+"""`zerofit bench`: the same model, data and seed under several engines and settings, side by side.
+
+Each variant is one `zerofit train` in its own processes (so a crash or an OOM stays there), with
+checkpoints and eval off. From each run's per-step times it takes the median after warm-up, and
+reports tokens/s, TFLOP/s, MFU, peak memory and the final loss; `zerofit.bench_report` writes the
+table, results.json and charts.
+
+Variants come from `--backends` x every `--sweep key=v1,v2` (a key only one engine reads, such as
+parallel.deepspeed.reduce_bucket_size, is swept for that engine alone), plus any `--variant`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zerofit.errors import UserError
+
+
+@dataclass
+class Variant:
+    name: str
+    overrides: list[str]  # dotted key=value, applied after the shared ones
+
+
+@dataclass
+class Result:
+    name: str
+    overrides: list[str]
+    status: str  # ok | oom | failed | timeout
+    error: str = ""
+    tokens_per_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    step_time_s: float | None = None
+    mem_alloc_gib: float | None = None
+    mem_reserved_gib: float | None = None
+    final_loss: float | None = None
+    measured_steps: int = 0
+    wall_s: float = 0.0
+    run_dir: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_sweep(text: str) -> tuple[str, list[str]]:
+    """'train.micro_batch_size=1,2,4' -> ('train.micro_batch_size', ['1', '2', '4'])."""
+    key, sep, values = text.partition("=")
+    items = [v.strip() for v in values.split(",") if v.strip()]
+    if not sep or "." not in key or not items:
+        raise UserError(f"--sweep {text!r}: expected section.key=v1,v2,...")
+    return key.strip(), items
+
+
+def parse_variant(text: str) -> Variant:
+    """'name: key=v key2=v2' -> Variant('name', ['key=v', 'key2=v2'])."""
+    name, sep, rest = text.partition(":")
+    overrides = rest.split()
+    if not sep or not name.strip() or any("=" not in o or "." not in o for o in overrides):
+        raise UserError(f"--variant {text!r}: expected 'NAME: section.key=value ...'")
+    return Variant(name.strip(), overrides)
+
+
+def _owner(key: str, owners: dict[str, tuple[str, ...]]) -> str | None:
+    """The one backend that reads `key`, or None when it is shared."""
+    for backend, keys in owners.items():
+        if any(key == k or (k.endswith(".") and key.startswith(k)) for k in keys):
+            return backend
+    return None
+
+
+def expand(
+    backends: list[str],
+    sweeps: list[tuple[str, list[str]]],
+    owners: dict[str, tuple[str, ...]],
+) -> list[Variant]:
+    """backends x sweep product; keys owned by one engine vary only for that engine."""
+    variants: list[Variant] = []
+    for backend in backends:
+        axes = [(k, vals) for k, vals in sweeps if _owner(k, owners) in (None, backend)]
+        for combo in itertools.product(*(vals for _, vals in axes)):
+            sets = [f"{k}={v}" for (k, _), v in zip(axes, combo, strict=True)]
+            label = " ".join([backend, *(s.rsplit(".", 1)[-1] for s in sets)])
+            variants.append(Variant(label, [f"parallel.backend={backend}", *sets]))
+    return variants
+
+
+def slug(index: int, name: str) -> str:
+    return f"{index:02d}-" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", name)[:80]
+
+
+def _classify(code: int, log: str) -> tuple[str, str]:
+    lines = [ln for ln in log.splitlines() if ln.strip()]
+    error = next((ln for ln in reversed(lines) if ln.startswith("error:")), "")
+    if not error:
+        error = next(
+            (ln for ln in reversed(lines) if re.match(r"^\w*(Error|Exception)\b", ln)),
+            lines[-1] if lines else f"exit code {code}",
+        )
+    status = "oom" if re.search(r"out of memory|OutOfMemory", log, re.I) else "failed"
+    return status, error.strip()[:300]
+
+
+def measure(summary: dict[str, Any], warmup: int) -> dict[str, Any]:
+    """Median step time over the steps after warm-up, and what follows from it."""
+    times = summary["step_times_s"][warmup:]
+    if not times:
+        raise ValueError("no measured steps")
+    median = statistics.median(times)
+    world = summary["world_size"]
+    tps = summary["tokens_per_step"] / median
+    tflops = summary["flops_per_token"] * tps / world / 1e12
+    peak = summary.get("peak_flops")
+    mem = {k: summary[k] for k in ("mem_alloc_gib", "mem_reserved_gib") if k in summary}
+    if "mem_rss_gib" in summary:  # CPU: peak host RSS of rank 0
+        mem = {"mem_alloc_gib": summary["mem_rss_gib"]}
+    return {
+        "step_time_s": median,
+        "tokens_per_s": tps,
+        "tokens_per_s_per_gpu": tps / world,
+        "tflops_per_gpu": tflops,
+        "mfu": tflops * 1e12 / peak if peak else None,
+        "final_loss": summary.get("loss"),
+        "measured_steps": len(times),
+        **mem,
+    }
+
+
+def run_variant(
+    variant: Variant,
+    index: int,
+    out: Path,
+    base: list[str],
+    config: str | None,
+    nproc: int | None,
+    warmup: int,
+    steps: int,
+    timeout: float | None,
+) -> Result:
+    run_dir = out / slug(index, variant.name)
+    log_file = out / "logs" / f"{run_dir.name}.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "zerofit.cli", "train"]
+    cmd += ["-c", config] if config else []
+    cmd += ["--nproc", str(nproc)] if nproc else []
+    forced = [
+        f"log.run_dir={run_dir}",
+        f"train.steps={warmup + steps}",
+        "train.eval_every=0",
+        f"log.every={warmup + steps}",
+        "log.progress=false",
+        "checkpoint.every=0",
+        "checkpoint.save_final=false",
+    ]
+    cmd += [f"--{o}" for o in [*base, *variant.overrides, *forced]]
+    result = Result(variant.name, variant.overrides, "ok", run_dir=str(run_dir))
+    t0 = time.perf_counter()
+    with open(log_file, "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        try:
+            code = subprocess.run(
+                cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, env=os.environ.copy()
+            ).returncode
+        except subprocess.TimeoutExpired:
+            code = -1
+    result.wall_s = time.perf_counter() - t0
+    text = log_file.read_text(errors="replace")
+    summary_file = run_dir / "summary.json"
+    if code == -1:
+        result.status, result.error = "timeout", f"no result within {timeout:.0f} s"
+    elif code != 0 or not summary_file.is_file():
+        result.status, result.error = _classify(code, text)
+    else:
+        summary = json.loads(summary_file.read_text())
+        for key, value in measure(summary, warmup).items():
+            setattr(result, key, value)
+    return result
+
+
+def best(results: list[Result]) -> Result | None:
+    ok = [r for r in results if r.status == "ok" and r.tokens_per_s]
+    return max(ok, key=lambda r: r.tokens_per_s or 0.0) if ok else None
+
+
+def run_bench(
+    variants: list[Variant],
+    out: Path,
+    *,
+    base: list[str],
+    config: str | None,
+    nproc: int | None,
+    warmup: int,
+    steps: int,
+    timeout: float | None = None,
+    on_result: Any = None,
+) -> list[Result]:
+    out.mkdir(parents=True, exist_ok=True)
+    results: list[Result] = []
+    for i, variant in enumerate(variants):
+        result = run_variant(variant, i, out, base, config, nproc, warmup, steps, timeout)
+        results.append(result)
+        (out / "results.json").write_text(
+            json.dumps({"results": [asdict(r) for r in results]}, indent=1)
+        )
+        if on_result:
+            on_result(result)
+    return results
