@@ -105,17 +105,18 @@ def test_one_config_same_effective_dtypes_on_every_engine(tmp_path: Path) -> Non
         assert rep["warnings"] == [], backend
 
 
-def test_engine_that_cannot_honour_a_dtype_warns(tmp_path: Path) -> None:
+def test_bf16_master_weights_and_states(tmp_path: Path) -> None:
+    """precision.master_dtype=bf16 maps to DeepSpeed's bf16 master weights, gradients and states."""
     extra = {
         "parallel": {"backend": "deepspeed"},
         "precision": {"mode": "bf16", "master_dtype": "bf16"},
-        "train": {"steps": 1},
+        "train": {"steps": 2},
     }
     run = train_run(tmp_path, "pure_bf16", extra, "--nproc", "2")
     rep = json.loads((run / "precision.json").read_text())
-    assert (
-        "deepspeed: master weights in fp32, but precision.master_dtype is bf16" in rep["warnings"]
-    )
+    assert rep["effective"]["master_weights"] == "bf16", rep
+    assert rep["effective"]["optimizer_states"] == "bf16", rep
+    assert not rep["warnings"], rep["warnings"]
 
 
 MASTER_CHECK = """

@@ -21,9 +21,12 @@ class ModelConfig:
     hf: A[str | None, "or a local Hugging Face model directory (config.json, *.safetensors)"] = None
     seq_len: A[int, "tokens per training sequence"] = 256
     init_seed: A[int, "seed of the parameter initialisation"] = 0
+    attention: A[
+        Literal["auto", "flash", "cudnn", "efficient"], "SDPA kernel on GPU (auto: PyTorch's pick)"
+    ] = "auto"
     loss_chunk: A[
         int, "tokens per chunk of the fused output layer + cross-entropy (0: full logits)"
-    ] = 8192
+    ] = 4096
     overrides: A[dict[str, Any], "change preset/HF config fields, e.g. {n_layers: 2}"] = field(
         default_factory=dict
     )

@@ -19,6 +19,7 @@ from zerofit.dist import DistContext, init_distributed
 from zerofit.errors import UserError
 from zerofit.metrics import MetricsSink, StepTimer, Throughput, memory_stats, peak_flops
 from zerofit.models import ModelSpec, build_model
+from zerofit.models.llama import set_attention_backend
 from zerofit.precision_report import watch_compute_dtype
 from zerofit.progress import Progress
 from zerofit.schedule import lr_at
@@ -81,6 +82,7 @@ class Trainer:
         self.cfg, self.run_dir, self.ctx = cfg, run_dir, ctx
         check_world(cfg, ctx.world_size)
         torch.manual_seed(cfg.train.seed + ctx.rank)
+        set_attention_backend(cfg.model.attention)
         inputs = build_inputs(cfg)
         self.spec, self.data = inputs.spec, inputs.data
         self.loader = make_loader(cfg, self.data, ctx.dp_rank, ctx.dp_size)

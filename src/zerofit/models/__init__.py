@@ -104,7 +104,7 @@ def build_model(
     preset: str | None = None,
     hf: str | None = None,
     overrides: dict | None = None,
-    loss_chunk: int = 8192,
+    loss_chunk: int = 4096,
 ) -> ModelSpec:
     """Build a model spec from exactly one of a zerofit Llama ``preset`` or an ``hf`` directory.
 

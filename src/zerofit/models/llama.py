@@ -113,6 +113,26 @@ def _probe_enable_gqa() -> bool:
 
 
 SDPA_HAS_GQA = _probe_enable_gqa()
+_EXPAND_KV = (
+    False  # set by set_attention_backend: cuDNN attention wants as many kv heads as q heads
+)
+
+
+def set_attention_backend(name: str) -> None:
+    """Pick the SDPA kernel process-wide: 'auto' (PyTorch's order), 'flash', 'cudnn' or 'efficient'.
+
+    Set before the model is compiled. The other fused kernels are disabled (math stays as fallback).
+    """
+    global _EXPAND_KV
+    if name not in ("auto", "flash", "cudnn", "efficient"):
+        raise ValueError(f"unknown attention backend {name!r}")
+    if not torch.cuda.is_available():
+        return
+    cuda = torch.backends.cuda
+    cuda.enable_flash_sdp(name in ("auto", "flash"))
+    cuda.enable_mem_efficient_sdp(name in ("auto", "efficient"))
+    cuda.enable_cudnn_sdp(name in ("auto", "cudnn"))
+    _EXPAND_KV = name == "cudnn"
 
 
 def rope_table(head_dim: int, seq_len: int, theta: float, device: torch.device) -> torch.Tensor:
@@ -170,7 +190,7 @@ def grouped_attention(
 ) -> torch.Tensor:
     """Causal attention with fewer kv heads than q heads; q [B,H,T,D], k/v [B,KV,T,D]."""
     if use_gqa_kernel is None:
-        use_gqa_kernel = SDPA_HAS_GQA
+        use_gqa_kernel = SDPA_HAS_GQA and not _EXPAND_KV
     if k.shape[1] == q.shape[1]:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if use_gqa_kernel:
@@ -220,7 +240,7 @@ def strip_wrapper_names(name: str) -> str:
 
 
 class Llama(nn.Module):
-    def __init__(self, args: LlamaArgs, loss_chunk: int = 8192) -> None:
+    def __init__(self, args: LlamaArgs, loss_chunk: int = 4096) -> None:
         super().__init__()
         args.validate()
         self.args = args

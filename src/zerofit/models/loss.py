@@ -73,7 +73,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(
-    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 8192
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 4096
 ) -> torch.Tensor:
     """Mean cross-entropy of ``h @ weight.T`` against ``targets`` (IGNORE_INDEX skipped).
 
@@ -95,7 +95,7 @@ class LMHead(nn.Linear):
     """The output projection. ``head(h)`` gives logits; ``head(h, targets)`` the mean loss, chunked
     through `linear_cross_entropy` when ``loss_chunk`` > 0 (0: materialise the logits)."""
 
-    loss_chunk: int = 8192
+    loss_chunk: int = 4096
 
     def forward(self, h: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:  # type: ignore[override]
         if targets is None:

@@ -139,6 +139,7 @@ def _workload(args: argparse.Namespace, base: Config, hw: Hardware) -> Workload:
         compute_dtype=compute,
         master_dtype=p.master_dtype or "fp32",
         reduce_dtype=p.reduce_dtype or "fp32",
+        loss_chunk=base.model.loss_chunk,
     )
 
 

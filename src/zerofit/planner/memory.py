@@ -12,8 +12,9 @@ over, e_c / e_m / e_o / e_r = bytes of the compute, master, optimizer-state and 
   al.'s per-layer count adjusted: GQA k/v, SwiGLU's three ffn tensors, fused SDPA saving only its
   output and log-sum-exp (no s^2 term), RMSNorm's fp32 intermediates); full activation
   checkpointing keeps each block's input plus one block being recomputed;
-- logits and loss: the fp32 log-softmax saved for backward, its fp32 gradient and the low-precision
-  cast (T x V x (8 + e_c)): large for 128K vocabularies;
+- logits and loss: with the fused head (model.loss_chunk > 0) one chunk of logits plus the saved
+  fp32 head-weight gradient; plain, the fp32 log-softmax saved for backward, its fp32 gradient and
+  the low-precision cast (T x V x (8 + e_c)): large for 128K vocabularies;
 - buffers: engine working memory (FSDP units gathered in flight with prefetch and the root's
   unsharded head gradient; DeepSpeed buckets and gathered ZeRO-3 params; DDP autocast weight casts);
 - overhead (reserved, not allocated): CUDA context and the caching allocator's fragmentation;
@@ -96,6 +97,7 @@ class Workload:
     reduce_dtype: str = "fp32"
     reduce_bucket_size: int = 500_000_000  # deepspeed defaults, elements
     allgather_bucket_size: int = 500_000_000
+    loss_chunk: int = 4096  # tokens per chunk of the fused head + loss (0: full logits)
 
     @property
     def tokens(self) -> int:
@@ -132,6 +134,7 @@ def workload_for(cfg: Config, world_size: int) -> Workload:
         p.reduce_dtype or "fp32",
         ds.reduce_bucket_size,
         ds.allgather_bucket_size,
+        cfg.model.loss_chunk,
     )
 
 
@@ -192,6 +195,17 @@ def activation_bytes(m: ModelShape, w: Workload, s: Strategy) -> float:
     return m.n_layers * per_block + tail
 
 
+def logits_bytes(m: ModelShape, w: Workload) -> float:
+    """The output layer + loss. Plain: fp32 log-softmax, its fp32 gradient and the low-precision
+    logits, all [tokens, V]. Fused (zerofit.models.loss): one chunk's logits (low precision, fp32
+    and the low-precision gradient) plus the saved fp32 weight gradient and the input gradient."""
+    e_c = BYTES[w.compute_dtype]
+    if w.loss_chunk <= 0:
+        return w.tokens * m.vocab_size * (8 + e_c)
+    chunk = min(w.tokens, w.loss_chunk)
+    return chunk * m.vocab_size * (4 + 2 * e_c) + 4 * m.vocab_size * m.dim + w.tokens * m.dim * e_c
+
+
 def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:
     """Predicted per-rank memory for one strategy."""
     P, Pb, Pr = m.num_params, m.block_params, m.root_params
@@ -203,7 +217,7 @@ def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:
         BYTES[w.reduce_dtype],
     )
     W = w.world_size
-    mem = Memory(activations=activation_bytes(m, w, s), logits=w.tokens * m.vocab_size * (8 + e_c))
+    mem = Memory(activations=activation_bytes(m, w, s), logits=logits_bytes(m, w))
     # zerofit materializes (or reads from safetensors) one full parameter at a time, in fp32; the
     # largest is the embedding or the widest FFN matrix.
     mem.loading_host = 4 * max(head, m.dim * m.ffn_dim)
