@@ -14,30 +14,32 @@ bench() { python3 -m zerofit.cli bench --warmup "$warmup" --steps "$steps" --out
 bf16="precision.master_dtype=bf16"
 fp32="precision.master_dtype=fp32"
 z3="parallel.backend=deepspeed parallel.deepspeed.stage=3"
+attn="model.attention=${ATTN:-auto}"  # ATTN=cudnn picks cuDNN's fused attention
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 case $phase in
 8b)
-  bench -c configs/bench/llama3-8b-seq4096.yaml --timeout 170 \
-    --variant "fsdp bf16-states mbs1 ga4: parallel.backend=fsdp $bf16" \
-    --variant "zero3 bf16-states mbs1 ga4: $z3 $bf16" \
-    --variant "fsdp fp32-states AC mbs1 ga4: parallel.backend=fsdp $fp32 parallel.activation_checkpointing=full" \
-    --variant "fsdp bf16-states mbs2 ga2: parallel.backend=fsdp $bf16 train.micro_batch_size=2 train.grad_accum_steps=2"
+  pure="$bf16 precision.reduce_dtype=bf16"  # bf16 weights, grads, states (one GPU: reduction is a copy)
+  bench -c configs/bench/llama3-8b-seq4096.yaml --timeout 150 \
+    --variant "fsdp bf16-states mbs2 ga2: parallel.backend=fsdp $pure train.micro_batch_size=2 train.grad_accum_steps=2 $attn" \
+    --variant "zero3 bf16-states mbs2 ga2: $z3 $pure train.micro_batch_size=2 train.grad_accum_steps=2 $attn" \
+    --variant "fsdp fp32-states AC mbs2 ga2: parallel.backend=fsdp $fp32 parallel.activation_checkpointing=full train.micro_batch_size=2 train.grad_accum_steps=2 $attn" \
+    --variant "zero3 fp32-states AC mbs2 ga2: $z3 $fp32 parallel.activation_checkpointing=full train.micro_batch_size=2 train.grad_accum_steps=2 $attn"
   ;;
 1b)
-  bench -c configs/bench/llama3-1b-seq2048.yaml --timeout 150 \
+  bench -c configs/bench/llama3-1b-seq2048.yaml --timeout 75 \
     --variant "fsdp mbs8: parallel.backend=fsdp" \
-    --variant "zero3 mbs8: $z3" \
-    --variant "fsdp mbs16: parallel.backend=fsdp train.micro_batch_size=16" \
-    --variant "fsdp mbs8 cudnn: parallel.backend=fsdp model.attention=cudnn"
+    --variant "fsdp mbs8 cudnn-attn: parallel.backend=fsdp model.attention=cudnn" \
+    --variant "zero3 mbs8: $z3 $attn"
   ;;
 13b)
   # fp32 master + AdamW states would be 16 B/param = 208 GB for 13B: more than GPU + host RAM hold
-  # next to the bf16 weights. So: bf16 master weights, gradients and AdamW states (8 B/param).
+  # next to the bf16 weights. So: bf16 master weights, gradients and AdamW states (8 B/param), the
+  # optimizer (and its states) on the CPU.
   warmup=1; steps=${STEPS_13B:-5}
-  bench --timeout 280 --model.preset 13b --model.seq_len 2048 --train.micro_batch_size 4 \
+  bench --timeout 330 --model.preset 13b --model.seq_len 2048 --train.micro_batch_size 4 \
     --train.grad_accum_steps 2 --precision.mode bf16 --$bf16 --data.max_tokens 1000000 \
     --parallel.activation_checkpointing full --optim.warmup_steps 2 \
-    --variant "zero3 optim->cpu: $z3 parallel.deepspeed.offload_optimizer=cpu" \
-    --variant "zero3 optim 50% cpu: $z3 parallel.deepspeed.offload_optimizer=cpu parallel.deepspeed.offload_ratio=0.5"
+    --variant "zero3 optim->cpu bf16-states: $z3 parallel.deepspeed.offload_optimizer=cpu"
   ;;
 *) echo "unknown phase $phase"; exit 2 ;;
 esac

@@ -78,7 +78,8 @@ def test_deepspeed_published_model_state_formulas() -> None:
     ],
 )
 def test_within_ten_percent_of_measured_h200_peaks(strategy: Strategy, measured_gib: float) -> None:
-    mem = estimate(shape_from_preset("llama3-1b"), Workload(4, 2048, 1), strategy)
+    # Those runs materialised the full logits (before the fused head): loss_chunk=0.
+    mem = estimate(shape_from_preset("llama3-1b"), Workload(4, 2048, 1, loss_chunk=0), strategy)
     assert abs(mem.peak_allocated / GIB / measured_gib - 1) < 0.10
 
 

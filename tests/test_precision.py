@@ -16,7 +16,13 @@ def test_fp16_loss_scaling(tmp_path: Path, backend: str) -> None:
     run = train_run(
         tmp_path,
         "fp16",
-        {"precision": {"mode": "fp16"}, "parallel": {"backend": backend}},
+        # The plain head (full fp16 logits) overflows at the initial scale; the fused one computes
+        # its logit gradients unscaled and need not, so this test uses the plain one.
+        {
+            "precision": {"mode": "fp16"},
+            "parallel": {"backend": backend},
+            "model": {"loss_chunk": 0},
+        },
         "--nproc",
         "2",
     )

@@ -99,11 +99,15 @@ def slug(index: int, name: str) -> str:
 
 
 def _classify(code: int, log: str) -> tuple[str, str]:
-    lines = [ln for ln in log.splitlines() if ln.strip()]
-    error = next((ln for ln in reversed(lines) if ln.startswith("error:")), "")
+    """(oom | failed, the most telling line): the exception itself over the launcher's summary."""
+    lines = [re.sub(r"^\[rank\d+\]:\s*", "", ln) for ln in log.splitlines() if ln.strip()]
+    exception = re.compile(
+        r"^(?:[a-z_]\w*\.)*[A-Z]\w*(?<!Warning): "
+    )  # RuntimeError: / torch.x.Unsupported:
+    error = next((ln for ln in reversed(lines) if exception.match(ln)), "")
     if not error:
         error = next(
-            (ln for ln in reversed(lines) if re.match(r"^\w*(Error|Exception)\b", ln)),
+            (ln for ln in reversed(lines) if ln.startswith("error:")),
             lines[-1] if lines else f"exit code {code}",
         )
     status = "oom" if re.search(r"out of memory|OutOfMemory", log, re.I) else "failed"

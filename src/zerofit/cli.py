@@ -170,6 +170,7 @@ def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
     from zerofit import bench
     from zerofit.backends import registry
     from zerofit.bench_report import environment, print_table, write_report
+    from zerofit.launch import default_nproc
 
     if args.steps < 1 or args.warmup < 0:
         raise UserError("--steps must be >= 1 and --warmup >= 0")
@@ -197,7 +198,7 @@ def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
     meta = {
         "date": time.strftime("%Y-%m-%d"),
         "command": "zerofit " + shlex.join(args.argv),
-        "nproc": args.nproc,
+        "nproc": args.nproc or default_nproc(),
         "warmup": args.warmup,
         "steps": args.steps,
         "env": environment(),

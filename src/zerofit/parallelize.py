@@ -53,6 +53,14 @@ def apply_compile(blocks: nn.ModuleList) -> None:
         blocks[i] = torch.compile(block, fullgraph=True)
 
 
+def apply_compile_forward(blocks: nn.ModuleList) -> None:
+    """torch.compile each block's own forward only, leaving `block(...)` (and so every forward
+    hook) eager: for engines whose hooks gather parameters and must not be traced (ZeRO-3)."""
+    for block in blocks:
+        inner = getattr(block, "_checkpoint_wrapped_module", block)
+        inner.forward = torch.compile(inner.forward, fullgraph=True)  # type: ignore[method-assign]
+
+
 def apply_fsdp(
     model: nn.Module,
     blocks: nn.ModuleList,

@@ -31,16 +31,23 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def watch_compute_dtype(model: nn.Module) -> Callable[[], torch.dtype | None]:
-    """Hook the first Linear; returns a getter for the dtype its output had in the last forward."""
+    """Hook the output layer (the last Linear, outside any compiled or checkpointed block); returns
+    a getter for the dtype its matmul ran in during the last forward: the autocast dtype where
+    autocast is on (DDP mixed precision), else the dtype of its input (FSDP/DeepSpeed casts)."""
     seen: dict[str, torch.dtype] = {}
-    linear = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
-    if linear is None:
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears:
         return lambda: None
 
-    def hook(_m: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
-        seen["dtype"] = output.dtype
+    def hook(_m: nn.Module, inputs: tuple[Any, ...]) -> None:
+        x = inputs[0]
+        device = x.device.type
+        if torch.is_autocast_enabled(device):
+            seen["dtype"] = torch.get_autocast_dtype(device)
+        else:
+            seen["dtype"] = x.dtype
 
-    handle = linear.register_forward_hook(hook)
+    handle = linears[-1].register_forward_pre_hook(hook)
 
     def read() -> torch.dtype | None:
         handle.remove()

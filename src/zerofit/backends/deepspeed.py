@@ -22,7 +22,14 @@ from zerofit.backends.torch_common import param_groups
 from zerofit.config import Config, resolve_precision
 from zerofit.errors import UserError
 from zerofit.models import ModelSpec
-from zerofit.parallelize import apply_ac, apply_compile, full_param, get_blocks, materialize_
+from zerofit.parallelize import (
+    apply_ac,
+    apply_compile,
+    apply_compile_forward,
+    full_param,
+    get_blocks,
+    materialize_,
+)
 
 
 def _deepspeed():  # noqa: ANN202 - the module, imported late: it is an optional extra
@@ -106,13 +113,13 @@ class DeepSpeedBackend(Backend):
         apply_ac(blocks, self.parallel.activation_checkpointing, self.parallel.ac_every)
         if self.parallel.compile and stage < 3:
             apply_compile(blocks)
+        elif self.parallel.compile:  # ZeRO-3 gathers in module hooks: compile inside them
+            apply_compile_forward(blocks)
         engine, optimizer, _, _ = deepspeed.initialize(
             model=module,
             model_parameters=param_groups(module, self.optim_cfg.weight_decay),
             config=self.ds_json,
         )
-        if self.parallel.compile and stage == 3:
-            engine.compile()
         if self.precision.param_dtype != "fp32" and self.precision.master_dtype == "fp32":
             _set_fp32_masters_(engine.module, self.ctx.device, init_seed, spec)
         self.model, self.optimizer = engine, optimizer
