@@ -2,6 +2,7 @@
 # Issue 5's speed figures on one H200 with `zerofit bench` (each variant in its own processes,
 # median step time after warm-up), in one device call of at most ~10 minutes:
 #   bash benchmarks/speed_h200.sh all OUT     # everything below, most important first, under DEADLINE s
+#   bash benchmarks/speed_h200.sh pair OUT    # FSDP vs ZeRO-3 on both models only
 #   bash benchmarks/speed_h200.sh 8b OUT      # Llama-3-8B shape, seq 4096: FSDP and ZeRO-3
 #   bash benchmarks/speed_h200.sh 1b OUT      # llama3-1b, seq 2048, fp32 master + states: FSDP and ZeRO-3
 #   bash benchmarks/speed_h200.sh 13b OUT     # 13B on one GPU, ZeRO-3 with half the optimizer on the CPU
@@ -30,12 +31,9 @@ prebuild() {  # DeepSpeed's fused/CPU Adam JIT-compile on first use: build them 
   python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder, CPUAdamBuilder; FusedAdamBuilder().load(); CPUAdamBuilder().load()" \
     > "$root/prebuild.log" 2>&1
 }
-fsdp8b() {
-  bench 8b-fsdp 110 2 10 -c configs/bench/llama3-8b-seq4096.yaml \
-    --variant "fsdp bf16-states mbs2 ga2: parallel.backend=fsdp $pure $mb2"
-}
-zero8b() {
-  bench 8b-zero3 130 2 10 -c configs/bench/llama3-8b-seq4096.yaml \
+eight_b() {
+  bench 8b 110 2 10 -c configs/bench/llama3-8b-seq4096.yaml \
+    --variant "fsdp bf16-states mbs2 ga2: parallel.backend=fsdp $pure $mb2" \
     --variant "zero3 bf16-states mbs2 ga2: $z3 $pure $mb2"
 }
 fp32_8b() {
@@ -58,8 +56,9 @@ thirteen_b() {
 }
 mkdir -p "$root"
 case $phase in
-all) prebuild & fsdp8b; wait; thirteen_b; zero8b; one_b; fp32_8b ;;
-8b) prebuild; fsdp8b; zero8b; fp32_8b ;;
+all) prebuild & eight_b; wait; one_b; thirteen_b; fp32_8b ;;
+pair) prebuild & one_b; wait; eight_b ;;  # FSDP vs ZeRO-3 on both models
+8b) prebuild; eight_b; fp32_8b ;;
 1b) prebuild; one_b ;;
 13b) prebuild; thirteen_b ;;
 *) echo "unknown phase $phase"; exit 2 ;;

@@ -175,9 +175,10 @@ def to_ds_json(cfg: Config, world_size: int) -> dict[str, Any]:
             _set(ours, row.path, row.to_ds(get_field(cfg, row.field)))
     if _fp16(cfg):
         _set(ours, "fp16.loss_scale", 0)  # 0 = dynamic
-    if _stage3(cfg) and cfg.parallel.activation_checkpointing != "none":
+    if _stage3(cfg) and (cfg.parallel.activation_checkpointing != "none" or cfg.parallel.compile):
         # ZeRO-3's memory-efficient linear fails inside activation-checkpoint recomputation
-        # (SystemError from LinearFunctionForZeroStage3.apply, seen on an H200 with DeepSpeed 0.19.8).
+        # (SystemError from LinearFunctionForZeroStage3.apply, seen on an H200 with DeepSpeed 0.19.8),
+        # and under torch.compile Dynamo would trace its ZeRO parameter checks into every block.
         _set(ours, "zero_optimization.memory_efficient_linear", False)
     if cfg.parallel.deepspeed.torch_adam and (_offload_opt(cfg) or _offload_param(cfg)):
         ours["zero_force_ds_cpu_optimizer"] = False  # allow torch AdamW on offloaded states

@@ -55,7 +55,16 @@ def apply_compile(blocks: nn.ModuleList) -> None:
 
 def apply_compile_forward(blocks: nn.ModuleList) -> None:
     """torch.compile each block's own forward only, leaving `block(...)` (and so every forward
-    hook) eager: for engines whose hooks gather parameters and must not be traced (ZeRO-3)."""
+    hook) eager: for engines whose hooks gather parameters and must not be traced (ZeRO-3).
+
+    Blocks may differ in what Dynamo guards on (ZeRO-3 parameter state), so the recompile limit
+    is raised to one graph per block rather than failing at PyTorch's default of 8."""
+    import torch._dynamo.config as dynamo_config
+
+    limit = len(blocks) + 8
+    for name in ("recompile_limit", "cache_size_limit"):  # renamed in recent PyTorch
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), limit))
     for block in blocks:
         inner = getattr(block, "_checkpoint_wrapped_module", block)
         inner.forward = torch.compile(inner.forward, fullgraph=True)  # type: ignore[method-assign]
