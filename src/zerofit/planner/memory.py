@@ -47,6 +47,7 @@ class Strategy:
     offload_param: str = "none"  # deepspeed stage 3: none | cpu | nvme
     activation_checkpointing: str = "none"  # none | full
     compile: bool = False
+    offload_ratio: float = 1.0  # deepspeed stage 3 + cpu: share of the optimizer on the host
 
     @property
     def label(self) -> str:
@@ -59,7 +60,8 @@ class Strategy:
         else:
             name = f"ZeRO-{self.stage}"
             if self.offload_optimizer != "none":
-                name += f" + optim->{self.offload_optimizer}"
+                share = f" {self.offload_ratio:.0%}" if self.offload_ratio < 1 else ""
+                name += f" + optim{share}->{self.offload_optimizer}"
             if self.offload_param != "none":
                 name += f" + params->{self.offload_param}"
         return name + (" + AC" if self.activation_checkpointing == "full" else "")
@@ -118,6 +120,7 @@ def strategy_for(cfg: Config) -> Strategy:
         ds.offload_param,
         ac,
         p.compile,
+        ds.offload_ratio,
     )
 
 
@@ -174,9 +177,17 @@ class Memory:
         }
 
 
-def block_activation_bytes(m: ModelShape, tokens: int, e_c: int) -> float:
-    """Saved-for-backward bytes of one block (eager, flash/efficient SDPA). See module docstring."""
+def block_activation_bytes(m: ModelShape, tokens: int, e_c: int, compiled: bool = False) -> float:
+    """Saved-for-backward bytes of one block (flash/efficient SDPA). See module docstring.
+
+    Compiled (inductor), the norms, RoPE and SiLU are fused and recomputed in backward: what stays
+    is the matmul inputs and outputs in the compute dtype (block input, both norm outputs, q, k, v,
+    attention output, w1, w3 and w2's input) plus the fp32 per-token rsqrt and SDPA's log-sum-exp.
+    Calibrated on the H200 (docs/benchmarks/2026-12-02-speed-h200.md): within 6% at 1B and 8B.
+    """
     kv = m.n_kv_heads * m.head_dim
+    if compiled:
+        return tokens * (e_c * (7 * m.dim + 2 * kv + 3 * m.ffn_dim) + 8 + 4 * m.n_heads)
     norms = 2 * (8 * m.dim + 4)  # each RMSNorm: fp32 x and x*rsqrt (4 B each), fp32 rsqrt per token
     low = e_c * (
         5 * m.dim + 2 * kv + 4 * m.ffn_dim
@@ -187,7 +198,7 @@ def block_activation_bytes(m: ModelShape, tokens: int, e_c: int) -> float:
 
 def activation_bytes(m: ModelShape, w: Workload, s: Strategy) -> float:
     e_c = BYTES[w.compute_dtype]
-    per_block = block_activation_bytes(m, w.tokens, e_c)
+    per_block = block_activation_bytes(m, w.tokens, e_c, s.compile)
     tail = w.tokens * (8 * m.dim + 4 + e_c * m.dim)  # final norm + output-layer input
     if s.activation_checkpointing == "full":
         residual = 4 if s.backend == "ddp" else e_c  # DDP autocast keeps an fp32 residual stream
@@ -222,6 +233,7 @@ def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:
     # largest is the embedding or the widest FFN matrix.
     mem.loading_host = 4 * max(head, m.dim * m.ffn_dim)
     persistent_grads = w.grad_accum_steps > 1
+    held_grads: float | None = None  # gradients alive during forward, when not `grads`
     mixed = e_c != e_m
 
     if s.backend == "ddp":
@@ -246,12 +258,17 @@ def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:
             mem.optimizer_states = 2 * P * e_o / S
         if s.cpu_offload:
             grads = 0.0
+        elif persistent_grads:
+            # Between syncs FSDP2 accumulates *unsharded* gradients (reduce dtype) on every rank.
+            held_grads = P * e_r
     else:  # deepspeed
         stage = s.stage
         part = W if stage >= 1 else 1
         mem.parameters = P * e_c / (W if stage == 3 else 1)
         opt = (P * e_m + 2 * P * e_o) / part  # fp32 master + two moments
-        grads = P * (e_r if stage >= 2 else e_c) / (W if stage >= 2 else 1)
+        # bf16 master weights come with bf16 gradient partitions (bf16_master_weights_and_grads)
+        e_g = e_m if w.master_dtype == "bf16" else e_r
+        grads = P * (e_g if stage >= 2 else e_c) / (W if stage >= 2 else 1)
         persistent_grads = True  # DeepSpeed allocates its gradient partitions up front
         mem.buffers = w.reduce_bucket_size * e_c
         if stage == 3:
@@ -259,9 +276,10 @@ def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:
         elif stage in (1, 2):
             mem.buffers += w.allgather_bucket_size * e_c if W > 1 else 0.0
         end_buffers = 0.0
-        if s.offload_optimizer == "cpu":
-            mem.host += opt + grads
-            opt, grads = 0.0, 0.0
+        if s.offload_optimizer == "cpu":  # offload_ratio < 1: the rest stays on the GPU (Twin-Flow)
+            r = s.offload_ratio
+            mem.host += r * (opt + grads)
+            opt, grads = (1 - r) * opt, (1 - r) * grads
         elif s.offload_optimizer == "nvme":
             mem.nvme += opt
             mem.host += grads + P * e_m / part  # staging buffers for the swapped states
@@ -276,7 +294,11 @@ def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:
     mem.gradients = grads
     resident = mem.parameters + mem.optimizer_states
     start = (
-        resident + mem.buffers + mem.activations + mem.logits + (grads if persistent_grads else 0.0)
+        resident
+        + mem.buffers
+        + mem.activations
+        + mem.logits
+        + (held_grads if held_grads is not None else grads if persistent_grads else 0.0)
     )
     end = resident + grads + end_buffers + (mem.buffers if s.backend != "fsdp" else 0.0)
     mem.peak_allocated = max(start, end)

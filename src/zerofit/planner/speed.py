@@ -8,25 +8,31 @@ step = compute + exposed communication + CPU optimizer time (+ NVMe traffic), wh
   reduce-scatter of gradients and an all-gather of updated parameters; DDP an all-reduce (2 x P x
   e_m). Across nodes the inter-node bandwidth applies. Engines overlap it with compute, so only what
   exceeds OVERLAP x compute is exposed;
-- offloaded AdamW runs on the CPU at CPU_ADAM params/s (DeepSpeed's vectorised CPU Adam) or
+- offloaded AdamW runs on the CPU at CPU_ADAM_BW bytes/s (DeepSpeed's vectorised CPU Adam) or
   TORCH_CPU_ADAM (torch's AdamW for FSDP CPU offload), plus gradients down / parameters up over PCIe.
 
-The efficiency constants come from zerofit's own H200 measurements (docs/benchmarks/): eager FSDP
-on llama3-1b ran at 35% MFU, compiled at 44%; ZeRO-3 at 29%. They are leads, not laws:
-`zerofit plan --measure` checks a prediction against a real run.
+The efficiency constants come from zerofit's own H200 measurements (docs/benchmarks/): on llama3-1b
+(hidden 2048) eager FSDP ran at 36% MFU, eager ZeRO-3 at 29%; compiled, FSDP at 48.5% and ZeRO-3 at
+46.3%. Wider models run bigger GEMMs: at hidden 4096 (Llama-3-8B shape) compiled FSDP reached 61.3%
+and ZeRO-3 55.9%, so efficiency scales by 1 + WIDTH_GAIN x log2(hidden / 2048), clipped. They are
+leads, not laws: `zerofit plan --measure` checks a prediction against a real run.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from zerofit.planner.memory import BYTES, Strategy, Workload
 from zerofit.planner.shape import Hardware, ModelShape
 
-EFFICIENCY = {"ddp": 0.37, "fsdp": 0.36, "deepspeed": 0.30}
-COMPILE_GAIN = 1.25
+EFFICIENCY = {"ddp": 0.37, "fsdp": 0.36, "deepspeed": 0.30}  # eager, hidden 2048
+COMPILE_GAIN = {"ddp": 1.3, "fsdp": 1.35, "deepspeed": 1.54}
+WIDTH_GAIN = 0.24  # per doubling of the hidden size
 OVERLAP = 0.8
-CPU_ADAM = 1.0e9  # params/s per node (DeepSpeedCPUAdam, AVX-512, all cores)
+# DeepSpeedCPUAdam streams ~7 x master-dtype bytes per parameter (param, grad, 2 moments read;
+# param and moments written); 42 GB/s per node fits the 13B run (bf16 states, 16 cores).
+CPU_ADAM_BW = 42e9
 TORCH_CPU_ADAM = 0.25e9  # params/s per node (torch.optim.AdamW on CPU tensors)
 NVME_BW = 3e9  # bytes/s per node
 
@@ -41,12 +47,18 @@ class Speed:
     mfu: float
 
 
+def efficiency(backend: str, compiled: bool, dim: int) -> float:
+    """Share of the peak the model FLOPs reach (before recompute and communication)."""
+    width = min(1.35, max(0.6, 1.0 + WIDTH_GAIN * math.log2(dim / 2048)))
+    return EFFICIENCY[backend] * (COMPILE_GAIN[backend] if compiled else 1.0) * width
+
+
 def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
     W = w.world_size
     tokens_step = w.tokens * w.grad_accum_steps * W
     flops = m.flops_per_token(w.seq_len) * tokens_step
     recompute = 4 / 3 if s.activation_checkpointing == "full" else 1.0
-    eff = EFFICIENCY[s.backend] * (COMPILE_GAIN if s.compile else 1.0)
+    eff = efficiency(s.backend, s.compile, m.dim)
     compute = flops * recompute / (W * hw.peak_flops * eff)
 
     P = m.num_params
@@ -71,7 +83,9 @@ def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
     if s.backend == "fsdp" and s.cpu_offload:
         offload = local_params * gpus / TORCH_CPU_ADAM + local_params * (e_m * 2) / hw.pcie_bw
     elif s.backend == "deepspeed" and s.offload_optimizer != "none":
-        offload = local_params * gpus / CPU_ADAM + local_params * (e_r + e_c) / hw.pcie_bw
+        moved = local_params * (s.offload_ratio if s.offload_optimizer == "cpu" else 1.0)
+        e_g = e_m if w.master_dtype == "bf16" else e_r  # DeepSpeed's gradient partitions
+        offload = moved * gpus * 7 * e_m / CPU_ADAM_BW + moved * (e_g + e_c) / hw.pcie_bw
         if s.offload_optimizer == "nvme":
             offload += 2 * local_params * gpus * 3 * e_m / NVME_BW
     if s.backend == "deepspeed" and s.offload_param != "none":
