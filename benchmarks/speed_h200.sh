@@ -51,7 +51,7 @@ thirteen_b() {
   # Adam update) on the CPU, half on the GPU (DeepSpeed's offload ratio).
   bench 13b 220 1 3 --model.preset 13b --model.seq_len 2048 --train.micro_batch_size 4 \
     --train.grad_accum_steps 2 --precision.mode bf16 --$bf16 --data.max_tokens 1000000 \
-    --parallel.activation_checkpointing full --optim.warmup_steps 2 \
+    --parallel.activation_checkpointing full --optim.lr 1e-4 --optim.warmup_steps 2 \
     --variant "zero3 optim 50% cpu bf16-states: $z3 parallel.deepspeed.offload_optimizer=cpu parallel.deepspeed.offload_ratio=0.5"
 }
 mkdir -p "$root"

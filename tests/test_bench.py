@@ -48,6 +48,24 @@ def test_engine_keys_are_swept_for_their_engine_only() -> None:
     assert len({v.name for v in variants}) == len(variants)
 
 
+def test_best_overall_and_per_engine() -> None:
+    from zerofit.bench import Result, best, best_lines
+
+    rs = [
+        Result("a", [], "fsdp", "ok", tokens_per_s=10.0),
+        Result("b", [], "fsdp", "ok", tokens_per_s=30.0),
+        Result("c", [], "deepspeed", "ok", tokens_per_s=20.0),
+        Result("d", [], "deepspeed", "oom"),
+    ]
+    assert best(rs).name == "b" and best(rs, "deepspeed").name == "c"
+    assert best_lines(rs) == [
+        "best: b (30 tokens/s)",
+        "best deepspeed: c (20 tokens/s)",
+        "best fsdp: b (30 tokens/s)",
+    ]
+    assert best([rs[3]]) is None and best_lines([rs[3]]) == []
+
+
 def test_measure_takes_the_median_after_warmup() -> None:
     summary = {
         "step_times_s": [9.0, 5.0, 1.0, 2.0, 1.5, 100.0],  # first two are warm-up, one outlier
@@ -98,3 +116,5 @@ def test_bench_runs_every_engine_on_cpu(tmp_path: Path) -> None:
     for png in ("throughput.png", "memory.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert "best:" in proc.stdout
+    for engine in ("ddp", "fsdp", "deepspeed"):  # several engines: the best of each is named too
+        assert f"best {engine}: {engine}" in proc.stdout

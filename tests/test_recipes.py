@@ -9,7 +9,7 @@ import pytest
 from zerofit.config import load_config
 from zerofit.models import build_model
 
-RECIPES = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+RECIPES = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
 
 
 def test_there_are_recipes() -> None:

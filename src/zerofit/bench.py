@@ -30,12 +30,14 @@ from zerofit.errors import UserError
 class Variant:
     name: str
     overrides: list[str]  # dotted key=value, applied after the shared ones
+    backend: str = ""  # filled in once the variant's config is loaded
 
 
 @dataclass
 class Result:
     name: str
     overrides: list[str]
+    backend: str
     status: str  # ok | oom | failed | timeout
     error: str = ""
     tokens_per_s: float | None = None
@@ -90,7 +92,7 @@ def expand(
         for combo in itertools.product(*(vals for _, vals in axes)):
             sets = [f"{k}={v}" for (k, _), v in zip(axes, combo, strict=True)]
             label = " ".join([backend, *(s.rsplit(".", 1)[-1] for s in sets)])
-            variants.append(Variant(label, [f"parallel.backend={backend}", *sets]))
+            variants.append(Variant(label, [f"parallel.backend={backend}", *sets], backend))
     return variants
 
 
@@ -166,7 +168,7 @@ def run_variant(
         "checkpoint.save_final=false",
     ]
     cmd += [f"--{o}" for o in [*base, *variant.overrides, *forced]]
-    result = Result(variant.name, variant.overrides, "ok", run_dir=str(run_dir))
+    result = Result(variant.name, variant.overrides, variant.backend, "ok", run_dir=str(run_dir))
     t0 = time.perf_counter()
     with open(log_file, "w") as log:
         log.write(" ".join(cmd) + "\n")
@@ -191,9 +193,26 @@ def run_variant(
     return result
 
 
-def best(results: list[Result]) -> Result | None:
+def best(results: list[Result], backend: str | None = None) -> Result | None:
+    """The fastest variant that ran (of one engine, if given)."""
     ok = [r for r in results if r.status == "ok" and r.tokens_per_s]
+    ok = [r for r in ok if backend is None or r.backend == backend]
     return max(ok, key=lambda r: r.tokens_per_s or 0.0) if ok else None
+
+
+def best_lines(results: list[Result]) -> list[str]:
+    """'best: ...' overall, and per engine when several engines ran."""
+    top = best(results)
+    if top is None:
+        return []
+    lines = [f"best: {top.name} ({top.tokens_per_s:,.0f} tokens/s)"]
+    engines = sorted({r.backend for r in results})
+    if len(engines) > 1:
+        for engine in engines:
+            b = best(results, engine)
+            if b is not None:
+                lines.append(f"best {engine}: {b.name} ({b.tokens_per_s:,.0f} tokens/s)")
+    return lines
 
 
 def run_bench(

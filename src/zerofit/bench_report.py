@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from zerofit.bench import Result, best
+from zerofit.bench import Result, best, best_lines
 
 COLUMNS: list[tuple[str, str, str]] = [  # (Result attribute, header, format)
     ("tokens_per_s", "tokens/s", "{:,.0f}"),
@@ -73,9 +73,14 @@ def markdown(results: list[Result], meta: dict[str, Any]) -> str:
     failed = [r for r in results if r.status != "ok"]
     if failed:
         lines += ["", *(f"- {r.name}: {r.status}: {r.error}" for r in failed)]
-    top = best(results)
-    if top is not None:
-        lines += ["", f"Best: **{top.name}** ({top.tokens_per_s:,.0f} tokens/s)."]
+    picks = best_lines(results)
+    if picks:
+        lines += ["", *(f"- {line}" for line in picks)]
+    if meta["steps"] < 10:
+        lines += [
+            "",
+            f"Note: only {meta['steps']} timed steps per variant (10 or more is the norm).",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -147,6 +152,5 @@ def print_table(results: list[Result]) -> None:
     for r in results:
         if r.status != "ok":
             console.print(f"[red]{r.name}: {r.status}: {r.error}[/red]")
-    top = best(results)
-    if top is not None:
-        console.print(f"best: {top.name} ({top.tokens_per_s:,.0f} tokens/s)")
+    for line in best_lines(results):
+        console.print(line)

@@ -189,9 +189,11 @@ def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
     variants += extra
     for v in variants:  # every variant's config must load before anything runs
         try:
-            load_config(args.config, [*overrides, *v.overrides])
+            v.backend = load_config(args.config, [*overrides, *v.overrides]).parallel.backend
         except UserError as e:
             raise UserError(f"variant '{v.name}': {e}") from None
+    if len({v.name for v in variants}) != len(variants):
+        raise UserError("two variants have the same name; name each --variant differently")
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     if (out / "results.json").exists():
         raise UserError(f"{out} already holds bench results; choose another --out")
