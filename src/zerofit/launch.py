@@ -124,6 +124,9 @@ def prepare_run(
                 f"checkpoint {resume_from} is at step {step}; raise train.steps above it to continue"
             )
         name = f"config.resume-{step:08d}.yaml"
+    elif not create and cfg.log.run_dir:  # another node of a multi-node run: node 0 owns the dir
+        run_dir = Path(cfg.log.run_dir)
+        name = "config.yaml"
     else:
         run_dir = _new_run_dir(cfg)
         name = "config.yaml"
