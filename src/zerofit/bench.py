@@ -135,7 +135,7 @@ def measure(summary: dict[str, Any], warmup: int) -> dict[str, Any]:
         "tokens_per_s_per_gpu": tps / world,
         "tflops_per_gpu": tflops,
         "mfu": tflops * 1e12 / peak if peak else None,
-        "final_loss": summary.get("loss"),
+        "final_loss": summary.get("final_step_loss", summary.get("loss")),
         "measured_steps": len(times),
         **mem,
     }

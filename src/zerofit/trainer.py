@@ -256,6 +256,10 @@ class Trainer:
             last_saved != self.step or not ckpt.latest_checkpoint(self.ckpt_root)
         ):
             self.save()
+        if (
+            self.step > summary["start_step"]
+        ):  # the last step's own loss (logged ones are window means)
+            summary["final_step_loss"] = ctx.all_reduce_mean(loss.detach()).item()
         summary["checkpoint"] = str(ckpt.latest_checkpoint(self.ckpt_root) or "-")
         summary["wall_time_s"] = time.perf_counter() - t_start
         summary["world_size"] = ctx.world_size
