@@ -27,6 +27,7 @@ VARIANTS = {
     "fsdp_hybrid": {"parallel": {"backend": "fsdp", "replicate_degree": 2}},
     "fsdp_cpu_offload": {"parallel": {"backend": "fsdp", "cpu_offload": True}},
     "fsdp_ac_full": {"parallel": {"backend": "fsdp", "activation_checkpointing": "full"}},
+    "fsdp_ac_selective": {"parallel": {"backend": "fsdp", "activation_checkpointing": "selective"}},
     "fsdp_size_wrap_ac_every2": {
         "parallel": {
             "backend": "fsdp",

@@ -230,3 +230,13 @@ def test_speed_roofline_against_measured(
     hw = Hardware(gpus_per_node=1, gpu_mem=141 * 10**9, cpu_mem=125 * 2**30)
     speed = predict(shape_from_config(cfg), workload_for(cfg, 1), strategy_for(cfg), hw)
     assert abs(speed.tokens_per_s / measured_tps - 1) < tolerance
+
+
+def test_selective_checkpointing_sits_between_none_and_full() -> None:
+    m, w = shape_from_preset("llama3-8b"), Workload(2, 4096, 1)
+    acts = {
+        ac: estimate(m, w, Strategy("fsdp", activation_checkpointing=ac, compile=True)).activations
+        for ac in ("none", "selective", "full")
+    }
+    assert acts["full"] < acts["selective"] < acts["none"]
+    assert Strategy("fsdp", activation_checkpointing="selective").label.endswith("+ SAC")

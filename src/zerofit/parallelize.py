@@ -34,15 +34,47 @@ def get_blocks(model: nn.Module, blocks_path: str) -> nn.ModuleList:
     return blocks
 
 
+def _save_matmuls_policy(ctx: object, op: object, *args: object, **kwargs: object) -> object:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _saved_ops() -> set[object]:
+    aten = torch.ops.aten
+    names = [
+        "mm",
+        "addmm",
+        "bmm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    ]
+    return {getattr(aten, n).default for n in names if hasattr(aten, n)}
+
+
+_SAVED_OPS = _saved_ops()
+
+
 def apply_ac(blocks: nn.ModuleList, mode: str, every: int = 1) -> int:
-    """Activation checkpointing: 'full' wraps every block, 'every_k' every `every`-th. Returns count."""
+    """Activation checkpointing. 'full' recomputes every block, 'every_k' every `every`-th block;
+    'selective' (op-level, as torchtitan's) keeps the outputs of matmuls and attention and recomputes
+    only the cheap ops between them (norms, RoPE, SiLU, products). Returns the blocks wrapped."""
     if mode == "none":
         return 0
-    step = 1 if mode == "full" else every
+    kwargs: dict = {}
+    if mode == "selective":
+        from functools import partial
+
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _save_matmuls_policy)
+    step = every if mode == "every_k" else 1
     wrapped = 0
     for i, block in enumerate(list(blocks)):
         if i % step == 0:
-            blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+            blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False, **kwargs)
             wrapped += 1
     return wrapped
 

@@ -139,7 +139,8 @@ class ParallelConfig:
     min_num_params: A[int, "size policy: a module becomes a unit at this many params"] = 100_000_000
     cpu_offload: A[bool, "FSDP: sharded params, grads and AdamW states live in host RAM"] = False
     activation_checkpointing: A[
-        Literal["none", "full", "every_k"], "recompute blocks in backward"
+        Literal["none", "full", "every_k", "selective"],
+        "recompute in backward: whole blocks, every k-th, or all but matmul/attention outputs",
     ] = "none"
     ac_every: A[int, "every_k: checkpoint every k-th block"] = 2
     compile: A[bool, "torch.compile each transformer block"] = False

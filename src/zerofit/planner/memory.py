@@ -45,7 +45,7 @@ class Strategy:
     stage: int = 3  # deepspeed
     offload_optimizer: str = "none"  # deepspeed: none | cpu | nvme
     offload_param: str = "none"  # deepspeed stage 3: none | cpu | nvme
-    activation_checkpointing: str = "none"  # none | full
+    activation_checkpointing: str = "none"  # none | full | selective
     compile: bool = False
     offload_ratio: float = 1.0  # deepspeed stage 3 + cpu: share of the optimizer on the host
 
@@ -64,7 +64,8 @@ class Strategy:
                 name += f" + optim{share}->{self.offload_optimizer}"
             if self.offload_param != "none":
                 name += f" + params->{self.offload_param}"
-        return name + (" + AC" if self.activation_checkpointing == "full" else "")
+        suffix = {"full": " + AC", "selective": " + SAC"}.get(self.activation_checkpointing, "")
+        return name + suffix
 
     def overrides(self) -> dict[str, object]:
         """The zerofit config fields that select this strategy."""
@@ -85,6 +86,8 @@ class Strategy:
                 "parallel.deepspeed.offload_optimizer": self.offload_optimizer,
                 "parallel.deepspeed.offload_param": self.offload_param,
             }
+            if self.offload_ratio < 1:
+                out["parallel.deepspeed.offload_ratio"] = self.offload_ratio
         return out
 
 
@@ -109,7 +112,7 @@ class Workload:
 def strategy_for(cfg: Config) -> Strategy:
     """The strategy a zerofit config selects (every_k checkpointing counts as full)."""
     p, ds = cfg.parallel, cfg.parallel.deepspeed
-    ac = "full" if p.activation_checkpointing != "none" else "none"
+    ac = {"none": "none", "selective": "selective"}.get(p.activation_checkpointing, "full")
     return Strategy(
         p.backend,
         p.reshard_after_forward,
@@ -200,6 +203,10 @@ def activation_bytes(m: ModelShape, w: Workload, s: Strategy) -> float:
     e_c = BYTES[w.compute_dtype]
     per_block = block_activation_bytes(m, w.tokens, e_c, s.compile)
     tail = w.tokens * (8 * m.dim + 4 + e_c * m.dim)  # final norm + output-layer input
+    if s.activation_checkpointing == "selective":  # matmul + attention outputs, and block inputs
+        kv = m.n_kv_heads * m.head_dim
+        saved = e_c * (5 * m.dim + 2 * kv + 2 * m.ffn_dim) + 4 * m.n_heads
+        return m.n_layers * w.tokens * saved + per_block + tail  # + one block being recomputed
     if s.activation_checkpointing == "full":
         residual = 4 if s.backend == "ddp" else e_c  # DDP autocast keeps an fp32 residual stream
         return m.n_layers * w.tokens * m.dim * residual + per_block + tail
