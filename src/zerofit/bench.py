@@ -141,33 +141,36 @@ def measure(summary: dict[str, Any], warmup: int) -> dict[str, Any]:
     }
 
 
-def run_variant(
-    variant: Variant,
-    index: int,
-    out: Path,
-    base: list[str],
-    config: str | None,
-    nproc: int | None,
-    warmup: int,
-    steps: int,
-    timeout: float | None,
-) -> Result:
+@dataclass
+class Settings:
+    """What every variant of one bench shares."""
+
+    base: list[str]  # dotted overrides applied to every variant
+    config: str | None
+    nproc: int | None
+    warmup: int
+    steps: int
+    timeout: float | None = None
+
+
+def run_variant(variant: Variant, index: int, out: Path, st: Settings) -> Result:
     run_dir = out / slug(index, variant.name)
     log_file = out / "logs" / f"{run_dir.name}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "zerofit.cli", "train"]
-    cmd += ["-c", config] if config else []
-    cmd += ["--nproc", str(nproc)] if nproc else []
+    cmd += ["-c", st.config] if st.config else []
+    cmd += ["--nproc", str(st.nproc)] if st.nproc else []
+    total = st.warmup + st.steps
     forced = [
         f"log.run_dir={run_dir}",
-        f"train.steps={warmup + steps}",
+        f"train.steps={total}",
         "train.eval_every=0",
-        f"log.every={warmup + steps}",
+        f"log.every={total}",
         "log.progress=false",
         "checkpoint.every=0",
         "checkpoint.save_final=false",
     ]
-    cmd += [f"--{o}" for o in [*base, *variant.overrides, *forced]]
+    cmd += [f"--{o}" for o in [*st.base, *variant.overrides, *forced]]
     result = Result(variant.name, variant.overrides, variant.backend, "ok", run_dir=str(run_dir))
     t0 = time.perf_counter()
     with open(log_file, "w") as log:
@@ -175,7 +178,7 @@ def run_variant(
         log.flush()
         try:
             code = subprocess.run(
-                cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, env=os.environ.copy()
+                cmd, stdout=log, stderr=subprocess.STDOUT, timeout=st.timeout, env=os.environ.copy()
             ).returncode
         except subprocess.TimeoutExpired:
             code = -1
@@ -183,12 +186,12 @@ def run_variant(
     text = log_file.read_text(errors="replace")
     summary_file = run_dir / "summary.json"
     if code == -1:
-        result.status, result.error = "timeout", f"no result within {timeout:.0f} s"
+        result.status, result.error = "timeout", f"no result within {st.timeout:.0f} s"
     elif code != 0 or not summary_file.is_file():
         result.status, result.error = _classify(code, text)
     else:
         summary = json.loads(summary_file.read_text())
-        for key, value in measure(summary, warmup).items():
+        for key, value in measure(summary, st.warmup).items():
             setattr(result, key, value)
     return result
 
@@ -216,21 +219,12 @@ def best_lines(results: list[Result]) -> list[str]:
 
 
 def run_bench(
-    variants: list[Variant],
-    out: Path,
-    *,
-    base: list[str],
-    config: str | None,
-    nproc: int | None,
-    warmup: int,
-    steps: int,
-    timeout: float | None = None,
-    on_result: Any = None,
+    variants: list[Variant], out: Path, st: Settings, on_result: Any = None
 ) -> list[Result]:
     out.mkdir(parents=True, exist_ok=True)
     results: list[Result] = []
     for i, variant in enumerate(variants):
-        result = run_variant(variant, i, out, base, config, nproc, warmup, steps, timeout)
+        result = run_variant(variant, i, out, st)
         results.append(result)
         (out / "results.json").write_text(
             json.dumps({"results": [asdict(r) for r in results]}, indent=1)

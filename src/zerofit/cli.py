@@ -211,17 +211,10 @@ def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
         figure = f"{r.tokens_per_s:,.0f} tokens/s" if r.tokens_per_s else r.error
         print(f"  {r.name}: {r.status} {figure} ({r.wall_s:.0f} s)", flush=True)
 
-    results = bench.run_bench(
-        variants,
-        out,
-        base=overrides,
-        config=args.config,
-        nproc=args.nproc,
-        warmup=args.warmup,
-        steps=args.steps,
-        timeout=args.timeout,
-        on_result=report,
+    settings = bench.Settings(
+        overrides, args.config, args.nproc, args.warmup, args.steps, args.timeout
     )
+    results = bench.run_bench(variants, out, settings, on_result=report)
     write_report(results, out, meta)
     print_table(results)
     print(f"results: {out}/results.json, results.md, throughput.png, memory.png")
