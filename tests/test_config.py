@@ -119,3 +119,11 @@ def test_schedule_warmup_then_cosine() -> None:
     assert lr_at(60, **kw) == pytest.approx(0.55)
     assert lr_at(110, **kw) == pytest.approx(0.1)
     assert all(lr_at(s, **kw) >= lr_at(s + 1, **kw) for s in range(10, 120))
+
+
+def test_integers_in_scientific_notation() -> None:
+    """Bucket sizes are written 5e7 (a string to YAML 1.1); a non-integral value is still refused."""
+    cfg = load_config(None, ["parallel.deepspeed.reduce_bucket_size=5e7"])
+    assert cfg.parallel.deepspeed.reduce_bucket_size == 50_000_000
+    with pytest.raises(UserError, match="expected an integer"):
+        load_config(None, ["train.steps=2.5"])

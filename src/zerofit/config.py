@@ -7,6 +7,7 @@ rejected with its dotted path. Cross-field checks live in `validate`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import types
@@ -87,6 +88,9 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        if isinstance(value, str):  # '5e7' (YAML 1.1 reads it as a string): bucket sizes
+            with contextlib.suppress(ValueError):
+                value = float(value)
         if isinstance(value, float) and value.is_integer():
             return int(value)
         raise UserError(f"{path}: expected an integer, got {value!r}")
