@@ -3,14 +3,8 @@
 # bf16 compute, fp32 master weights + AdamW states, fp32 gradient reduction, every visible GPU.
 # Usage (repo root, GPU machine, DeepSpeed importable): bash benchmarks/engines_1b.sh OUT_DIR
 set -uo pipefail
-out=${1:-bench-out}
-mkdir -p "$out"
-common=(-c configs/llama3-1b-fsdp.yaml --train.steps 40 --log.every 5 --log.progress false --checkpoint.save_final false)
-run() {  # name, extra args...
-  local name=$1; shift
-  echo "=== $name: zerofit train ${common[*]} $*"
-  timeout 240 python3 -m zerofit.cli train "${common[@]}" --log.run_dir "$out/$name" "$@" 2>&1 | grep -v "^\[20" | tail -n 20
-}
+RUN_TIMEOUT=240 RUN_TAIL=20
+source "$(dirname "$0")/train_runs.sh" "${1:-bench-out}"
 run fsdp_eager
 run zero3_fusedadam --parallel.backend deepspeed --parallel.deepspeed.stage 3
 run zero3_torchadam --parallel.backend deepspeed --parallel.deepspeed.stage 3 --parallel.deepspeed.torch_adam true
