@@ -19,11 +19,12 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from zerofit.errors import UserError
+from zerofit.metrics import rates
 
 
 @dataclass
@@ -51,7 +52,6 @@ class Result:
     measured_steps: int = 0
     wall_s: float = 0.0
     run_dir: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_sweep(text: str) -> tuple[str, list[str]]:
@@ -122,19 +122,14 @@ def measure(summary: dict[str, Any], warmup: int) -> dict[str, Any]:
     if not times:
         raise ValueError("no measured steps")
     median = statistics.median(times)
-    world = summary["world_size"]
     tps = summary["tokens_per_step"] / median
-    tflops = summary["flops_per_token"] * tps / world / 1e12
-    peak = summary.get("peak_flops")
     mem = {k: summary[k] for k in ("mem_alloc_gib", "mem_reserved_gib") if k in summary}
     if "mem_rss_gib" in summary:  # CPU: peak host RSS of rank 0
         mem = {"mem_alloc_gib": summary["mem_rss_gib"]}
     return {
+        "mfu": None,  # unless the GPU's peak is known
+        **rates(tps, summary["flops_per_token"], summary["world_size"], summary.get("peak_flops")),
         "step_time_s": median,
-        "tokens_per_s": tps,
-        "tokens_per_s_per_gpu": tps / world,
-        "tflops_per_gpu": tflops,
-        "mfu": tflops * 1e12 / peak if peak else None,
         "final_loss": summary.get("final_step_loss", summary.get("loss")),
         "measured_steps": len(times),
         **mem,

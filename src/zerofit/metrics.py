@@ -82,16 +82,24 @@ class Throughput:
     def read(self) -> dict[str, float]:
         dt = max(time.perf_counter() - self.t0, 1e-9)
         tps = self.tokens_per_step * self.steps / dt
-        out = {
-            "tokens_per_s": tps,
-            "tokens_per_s_per_gpu": tps / self.world_size,
-            "step_time_s": dt / max(self.steps, 1),
-        }
-        tflops = self.flops_per_token * tps / self.world_size
-        out["tflops_per_gpu"] = tflops / 1e12
-        if self.peak:
-            out["mfu"] = tflops / self.peak
+        out = rates(tps, self.flops_per_token, self.world_size, self.peak)
+        out["step_time_s"] = dt / max(self.steps, 1)
         return out
+
+
+def rates(
+    tokens_per_s: float, flops_per_token: float, world_size: int, peak: float | None
+) -> dict[str, float]:
+    """tokens/s (all and per GPU), model TFLOP/s per GPU, and MFU when the peak is known."""
+    flops = flops_per_token * tokens_per_s / world_size
+    out = {
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_s_per_gpu": tokens_per_s / world_size,
+        "tflops_per_gpu": flops / 1e12,
+    }
+    if peak:
+        out["mfu"] = flops / peak
+    return out
 
 
 class StepTimer:

@@ -196,7 +196,8 @@ class Trainer:
         t = cfg.train
         tokens_per_step = t.micro_batch_size * t.grad_accum_steps * ctx.dp_size * cfg.model.seq_len
         flops_per_token = self.spec.flops_per_token(cfg.model.seq_len)
-        meter = Throughput(tokens_per_step, flops_per_token, ctx.world_size, peak_flops(ctx.device))
+        peak = peak_flops(ctx.device)
+        meter = Throughput(tokens_per_step, flops_per_token, ctx.world_size, peak)
         timer = StepTimer(ctx.device)
         sink = MetricsSink(self.run_dir, cfg.log.jsonl, cfg.log.tensorboard, ctx.is_main)
         progress = Progress(t.steps, self.step, enabled=ctx.is_main and cfg.log.progress)
@@ -256,9 +257,8 @@ class Trainer:
             last_saved != self.step or not ckpt.latest_checkpoint(self.ckpt_root)
         ):
             self.save()
-        if (
-            self.step > summary["start_step"]
-        ):  # the last step's own loss (logged ones are window means)
+        # The last step's own loss (the logged ones are means over a window).
+        if self.step > summary["start_step"]:
             summary["final_step_loss"] = ctx.all_reduce_mean(loss.detach()).item()
         summary["checkpoint"] = str(ckpt.latest_checkpoint(self.ckpt_root) or "-")
         summary["wall_time_s"] = time.perf_counter() - t_start
@@ -269,7 +269,7 @@ class Trainer:
         summary["step_times_s"] = timer.durations()
         summary["tokens_per_step"] = tokens_per_step
         summary["flops_per_token"] = flops_per_token
-        summary["peak_flops"] = peak_flops(ctx.device)
+        summary["peak_flops"] = peak
         sink.close()
         if ctx.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
