@@ -108,6 +108,12 @@ class Workload:
     def tokens(self) -> int:
         return self.micro_batch_size * self.seq_len
 
+    @property
+    def deepspeed_grad_bytes(self) -> int:
+        """DeepSpeed's gradient partitions: bf16 with bf16 master weights
+        (bf16_master_weights_and_grads), else the reduce dtype."""
+        return BYTES[self.master_dtype] if self.master_dtype == "bf16" else BYTES[self.reduce_dtype]
+
 
 def strategy_for(cfg: Config) -> Strategy:
     """The strategy a zerofit config selects (every_k checkpointing counts as full)."""
@@ -273,9 +279,7 @@ def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:
         part = W if stage >= 1 else 1
         mem.parameters = P * e_c / (W if stage == 3 else 1)
         opt = (P * e_m + 2 * P * e_o) / part  # fp32 master + two moments
-        # bf16 master weights come with bf16 gradient partitions (bf16_master_weights_and_grads)
-        e_g = e_m if w.master_dtype == "bf16" else e_r
-        grads = P * (e_g if stage >= 2 else e_c) / (W if stage >= 2 else 1)
+        grads = P * (w.deepspeed_grad_bytes if stage >= 2 else e_c) / (W if stage >= 2 else 1)
         persistent_grads = True  # DeepSpeed allocates its gradient partitions up front
         mem.buffers = w.reduce_bucket_size * e_c
         if stage == 3:
@@ -299,14 +303,10 @@ def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:
     if s.backend != "fsdp":
         end_buffers = 0.0
     mem.gradients = grads
+    if held_grads is None:
+        held_grads = grads if persistent_grads else 0.0
     resident = mem.parameters + mem.optimizer_states
-    start = (
-        resident
-        + mem.buffers
-        + mem.activations
-        + mem.logits
-        + (held_grads if held_grads is not None else grads if persistent_grads else 0.0)
-    )
+    start = resident + mem.buffers + mem.activations + mem.logits + held_grads
     end = resident + grads + end_buffers + (mem.buffers if s.backend != "fsdp" else 0.0)
     mem.peak_allocated = max(start, end)
     return mem

@@ -85,8 +85,8 @@ def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
         offload = local_params * gpus / TORCH_CPU_ADAM + local_params * (e_m * 2) / hw.pcie_bw
     elif s.backend == "deepspeed" and s.offload_optimizer != "none":
         moved = local_params * (s.offload_ratio if s.offload_optimizer == "cpu" else 1.0)
-        e_g = e_m if w.master_dtype == "bf16" else e_r  # DeepSpeed's gradient partitions
-        offload = moved * gpus * 7 * e_m / CPU_ADAM_BW + moved * (e_g + e_c) / hw.pcie_bw
+        offload = moved * gpus * 7 * e_m / CPU_ADAM_BW
+        offload += moved * (w.deepspeed_grad_bytes + e_c) / hw.pcie_bw
         if s.offload_optimizer == "nvme":
             offload += 2 * local_params * gpus * 3 * e_m / NVME_BW
     if s.backend == "deepspeed" and s.offload_param != "none":
