@@ -14,8 +14,19 @@ from torch import nn
 from zerofit.config import Config
 from zerofit.dist import DistContext
 from zerofit.models import ModelSpec
+from zerofit.parallelize import materialize_
 
 DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def materialize_from_spec(
+    module: nn.Module, device: torch.device, spec: ModelSpec, init_seed: int
+) -> None:
+    """Allocate `module`'s meta parameters on `device` and fill them as `spec` says (weights from
+    disk, else the name-seeded init): what every engine does once its model is wrapped."""
+    materialize_(
+        module, device, init_seed=init_seed, init_param_=spec.init_param_, weights=spec.weights
+    )
 
 
 class Backend(ABC):

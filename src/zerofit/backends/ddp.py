@@ -9,10 +9,10 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from zerofit.backends.base import register
+from zerofit.backends.base import materialize_from_spec, register
 from zerofit.backends.torch_common import TorchBackend, build_adamw
 from zerofit.models import ModelSpec
-from zerofit.parallelize import apply_ac, apply_compile, get_blocks, materialize_
+from zerofit.parallelize import apply_ac, apply_compile, get_blocks
 
 
 @register("ddp")
@@ -23,13 +23,7 @@ class DDPBackend(TorchBackend):
         apply_ac(blocks, self.parallel.activation_checkpointing, self.parallel.ac_every)
         if self.parallel.compile:
             apply_compile(blocks)
-        materialize_(
-            module,
-            self.ctx.device,
-            init_seed=init_seed,
-            init_param_=spec.init_param_,
-            weights=spec.weights,
-        )
+        materialize_from_spec(module, self.ctx.device, spec, init_seed)
         self.scaler = self.make_scaler()
         if self.ctx.world_size > 1:
             ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from zerofit.backends.base import Backend, register
+from zerofit.backends.base import Backend, materialize_from_spec, register
 from zerofit.backends.torch_common import param_groups
 from zerofit.config import Config, resolve_precision
 from zerofit.errors import UserError
@@ -28,7 +28,6 @@ from zerofit.parallelize import (
     apply_compile_forward,
     full_param,
     get_blocks,
-    materialize_,
 )
 
 
@@ -67,10 +66,8 @@ class DeepSpeedBackend(Backend):
                 "parallel.deepspeed.offload_ratio needs stage 3 with offload_optimizer: cpu"
             )
         prec = resolve_precision(cfg.precision, device_type)
-        if prec.master_dtype != "fp32" and (prec.master_dtype, prec.param_dtype) != (
-            "bf16",
-            "bf16",
-        ):
+        bf16_masters = prec.master_dtype == prec.param_dtype == "bf16"
+        if prec.master_dtype != "fp32" and not bf16_masters:
             raise UserError(
                 f"deepspeed keeps master weights in fp32, or in bf16 with bf16 compute; got "
                 f"precision.master_dtype={prec.master_dtype}, param_dtype={prec.param_dtype}"
@@ -98,13 +95,7 @@ class DeepSpeedBackend(Backend):
             _fill_partitions_(module, self.ctx.rank, init_seed, spec)
         else:
             module = spec.module
-            materialize_(
-                module,
-                self.ctx.device,
-                init_seed=init_seed,
-                init_param_=spec.init_param_,
-                weights=spec.weights,
-            )
+            materialize_from_spec(module, self.ctx.device, spec, init_seed)
         blocks = get_blocks(module, spec.blocks_path)
         if stage == 3 and self.parallel.deepspeed.leaf_blocks:
             from deepspeed.utils import set_z3_leaf_modules

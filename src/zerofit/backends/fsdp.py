@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import torch
 from torch.distributed.fsdp import FSDPModule
 
-from zerofit.backends.base import register
+from zerofit.backends.base import materialize_from_spec, register
 from zerofit.backends.torch_common import TorchBackend, build_adamw
 from zerofit.models import ModelSpec
-from zerofit.parallelize import apply_ac, apply_compile, apply_fsdp, get_blocks, materialize_
+from zerofit.parallelize import apply_ac, apply_compile, apply_fsdp, get_blocks
 
 
 @register("fsdp")
@@ -45,13 +45,7 @@ class FSDPBackend(TorchBackend):
             prefetch=p.prefetch,
         )
         init_device = torch.device("cpu") if p.cpu_offload else self.ctx.device
-        materialize_(
-            module,
-            init_device,
-            init_seed=init_seed,
-            init_param_=spec.init_param_,
-            weights=spec.weights,
-        )
+        materialize_from_spec(module, init_device, spec, init_seed)
         self.model = module
         self.scaler = self.make_scaler()
         self.optimizer = build_adamw(module, self.optim_cfg, init_device)

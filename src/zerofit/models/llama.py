@@ -113,9 +113,8 @@ def _probe_enable_gqa() -> bool:
 
 
 SDPA_HAS_GQA = _probe_enable_gqa()
-_EXPAND_KV = (
-    False  # set by set_attention_backend: cuDNN attention wants as many kv heads as q heads
-)
+# Set by set_attention_backend: cuDNN attention wants as many kv heads as q heads.
+_EXPAND_KV = False
 
 
 def set_attention_backend(name: str) -> None:
