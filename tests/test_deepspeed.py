@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import assert_resume_exact, losses, train_run, write_config
+from conftest import assert_resume_exact, losses, train_run, write_config, zerofit
 
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.dist
@@ -71,6 +71,14 @@ def test_seed_ds_config_trains_as_written(tmp_path: Path) -> None:
         "precision": {"mode": "auto"},
         "train": {"steps": 4, "micro_batch_size": 32},
     }
+    from deepspeed.accelerator import get_accelerator
+
+    if not get_accelerator().is_fp16_supported():  # CPUs differ: then one clear line, exit 2
+        cfg = write_config(tmp_path / "seed.yaml", extra)
+        proc = zerofit("train", "-c", str(cfg), "--nproc", "2", cwd=tmp_path)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert proc.stderr.strip().splitlines()[-1].startswith("error: fp16 compute"), proc.stderr
+        return
     run = train_run(tmp_path, "seed", extra, "--nproc", "2")
     got = losses(run)
     assert len(got) == 4 and all(v == v for v in got.values()), got

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import losses, train_run
 
 pytestmark = pytest.mark.dist
@@ -30,7 +30,7 @@ def test_fp16_loss_scaling(tmp_path: Path, backend: str) -> None:
     assert all(v == v and v < 10 for v in got.values()) and got[10] < got[1], got
     ckpt = run / "checkpoints" / "step_00000010"
     scalers = [
-        torch.load(ckpt / f"rank{r}.pt", weights_only=False)["backend"]["scaler"] for r in range(2)
+        json.loads((ckpt / f"rank{r}.json").read_text())["backend"]["scaler"] for r in range(2)
     ]
     # The overflow check is all-reduced: both ranks skip the same steps and keep the same scale.
     assert scalers[0]["scale"] == scalers[1]["scale"]

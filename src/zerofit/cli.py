@@ -144,6 +144,19 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", help="check a run directory: sharding, dtypes, batch, environment, memory"
     )
     doctor.add_argument("run_dir", help="a zerofit run directory")
+    export = sub.add_parser(
+        "export",
+        help="write a Hugging Face model folder from a checkpoint (offline)",
+        description="Write config.json, safetensors shards and the tokenizer files of a run's "
+        "checkpoint (any engine) as a folder that transformers' from_pretrained loads.",
+    )
+    export.add_argument("run_dir", help="a zerofit run directory")
+    export.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
+    export.add_argument("--out", required=True, help="output directory (must not hold files)")
+    export.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    export.add_argument(
+        "--max-shard-size", default="5GiB", help="largest safetensors file (e.g. 5GB, 500MB)"
+    )
     return parser
 
 
@@ -154,6 +167,23 @@ def cmd_doctor(args: argparse.Namespace, overrides: list[str]) -> int:
     if not run.is_dir():
         raise UserError(f"no such run directory: {run}")
     return print_report(diagnose(run))
+
+
+def cmd_export(args: argparse.Namespace, overrides: list[str]) -> int:
+    from zerofit.export import export_checkpoint, find_checkpoint, parse_size
+
+    if overrides:
+        raise UserError(f"unrecognized arguments: {' '.join(overrides)}")
+    run = Path(args.run_dir)
+    ckpt = find_checkpoint(run, args.step)
+    size = parse_size(args.max_shard_size)
+    s = export_checkpoint(ckpt, run, Path(args.out), args.dtype, size)
+    print(
+        f"exported {s['architecture']} step {s['step']} to {s['out']}: {s['tensors']} tensors, "
+        f"{s['total_bytes'] / 1e9:.3g} GB {s['dtype']} in {s['shards']} shard(s); "
+        f"tokenizer: {s['tokenizer']}"
+    )
+    return 0
 
 
 def cmd_plan(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -278,7 +308,24 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     code = spawn(prep, opts, nproc)
     if code == 0 and args.node_rank == 0:
         _print_summary(prep.run_dir)
+        _export_final(prep.cfg, prep.run_dir)
     return code
+
+
+def _export_final(cfg, run_dir: Path) -> None:  # noqa: ANN001
+    """`checkpoint.export_final`: the final checkpoint as a Hugging Face folder, offline, in this
+    (launcher) process once the workers are gone: no GPU memory, no process group."""
+    if not cfg.checkpoint.export_final:
+        return
+    from zerofit.export import export_checkpoint, find_checkpoint
+
+    ckpt = find_checkpoint(run_dir, None)
+    out = run_dir / "export" / ckpt.name
+    if out.exists():
+        print(f"export: {out} already exists; left as it is")
+        return
+    s = export_checkpoint(ckpt, run_dir, out, cfg.checkpoint.export_dtype)
+    print(f"exported step {s['step']} as a Hugging Face folder ({s['dtype']}): {s['out']}")
 
 
 def _train_joined(cfg, opts) -> int:  # noqa: ANN001
@@ -303,6 +350,7 @@ def _train_joined(cfg, opts) -> int:  # noqa: ANN001
         shutdown()
     if ctx.is_main:
         _print_summary(result.run_dir)  # type: ignore[union-attr]
+        _export_final(result.cfg, result.run_dir)  # type: ignore[union-attr]
     return 0
 
 
@@ -318,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             "plan": cmd_plan,
             "doctor": cmd_doctor,
             "bench": cmd_bench,
+            "export": cmd_export,
         }[args.command]
         return handler(args, overrides)
     except UserError as e:

@@ -285,6 +285,8 @@ def validate(cfg: Config) -> None:
             raise UserError(f"{name} must be >= 0, got {value}")
     if cfg.checkpoint.keep_last < 1:
         raise UserError(f"checkpoint.keep_last must be >= 1, got {cfg.checkpoint.keep_last}")
+    if cfg.checkpoint.export_final and not cfg.checkpoint.save_final:
+        raise UserError("checkpoint.export_final exports the final checkpoint: it needs save_final")
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise UserError(f"data.val_fraction must be in [0, 1), got {cfg.data.val_fraction}")
     if o.lr <= 0:

@@ -66,6 +66,14 @@ class DistContext:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def gather_object(self, obj: object) -> list[object]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        if not dist.is_initialized() or self.world_size == 1:
+            return [obj]
+        out: list[object] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
 
 def in_launched_worker() -> bool:
     """True when torchrun (or a compatible launcher) already started this process as one rank."""

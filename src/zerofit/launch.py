@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -17,8 +18,10 @@ from pathlib import Path
 import torch
 
 from zerofit import checkpoint as ckpt
+from zerofit.checkpoint import compat
 from zerofit.config import Config, check_world, resolve_precision, save_config
 from zerofit.errors import UserError
+from zerofit.metrics import truncate_metrics
 
 
 @dataclass
@@ -50,35 +53,35 @@ def check_nproc(nproc: int) -> None:
         raise UserError(f"--nproc {nproc} but only {torch.cuda.device_count()} GPU(s) are visible")
 
 
-def _find_resume(cfg: Config, resume: str) -> tuple[Path, Path]:
-    """(run_dir, checkpoint) for --resume [PATH]."""
+def _ckpt_root(cfg: Config, run_dir: Path) -> Path:
+    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
+
+
+def _find_resume(cfg: Config, resume: str) -> tuple[Path, Path, dict, list[str]]:
+    """(run_dir, checkpoint, its meta, skip notes) for --resume [PATH].
+
+    A checkpoint named explicitly must verify; otherwise the newest one that verifies is taken,
+    with one note per newer checkpoint skipped as damaged."""
     if resume != "latest":
         path = Path(resume)
         if not path.exists():
             raise UserError(f"--resume: no such checkpoint or run directory: {path}")
-        if (path / "meta.json").is_file():  # a checkpoint: <run_dir>/checkpoints/step_N
-            return Path(cfg.log.run_dir) if cfg.log.run_dir else path.parent.parent, path
-        root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else path / "checkpoints"
-        found = ckpt.latest_checkpoint(root)
-        if found is None:
-            raise UserError(f"--resume: no complete checkpoint under {root}")
-        return path, found
+        if (path / "model").is_dir() or (path / "meta.json").exists():  # <run>/checkpoints/step_N
+            run_dir = Path(cfg.log.run_dir) if cfg.log.run_dir else path.parent.parent
+            return run_dir, path, ckpt.verify(path), []
+        return (path, *ckpt.select_checkpoint(_ckpt_root(cfg, path)))
     if cfg.log.run_dir:
         run_dir = Path(cfg.log.run_dir)
-        root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
-        found = ckpt.latest_checkpoint(root)
-        if found is None:
-            raise UserError(f"--resume: no complete checkpoint under {root}")
-        return run_dir, found
+        return (run_dir, *ckpt.select_checkpoint(_ckpt_root(cfg, run_dir)))
     runs = sorted(
-        (p for p in Path("runs").glob("*") if ckpt.latest_checkpoint(p / "checkpoints")),
+        (p for p in Path("runs").glob("*") if ckpt.step_dirs(p / "checkpoints")),
         key=lambda p: p.stat().st_mtime,
     )
     if not runs:
         raise UserError(
-            "--resume: no run with a complete checkpoint under runs/; pass a path or set log.run_dir"
+            "--resume: no run with a checkpoint under runs/; pass a path or set log.run_dir"
         )
-    return runs[-1], ckpt.latest_checkpoint(runs[-1] / "checkpoints")  # type: ignore[return-value]
+    return (runs[-1], *ckpt.select_checkpoint(runs[-1] / "checkpoints"))
 
 
 def _new_run_dir(cfg: Config) -> Path:
@@ -101,7 +104,7 @@ def prepare_run(
 ) -> PreparedRun:
     """Every check that can fail on user input, then the run directory and its resolved config."""
     from zerofit.backends import get_backend
-    from zerofit.trainer import build_inputs, compat_fingerprint, make_loader  # torch-heavy imports
+    from zerofit.trainer import build_inputs, checkpoint_meta, make_loader  # torch-heavy imports
 
     if cfg.parallel.backend == "auto":
         from zerofit.planner.auto import resolve_auto
@@ -114,15 +117,22 @@ def prepare_run(
     make_loader(cfg, inputs.data, 0, dp)  # raises if the data cannot fill one global batch
     resume_from = None
     if opts.resume:
-        run_dir, resume_from = _find_resume(cfg, opts.resume)
-        ckpt.check_compatible(
-            resume_from, compat_fingerprint(cfg, inputs.spec, world_size), cfg.parallel.backend
-        )
-        step = ckpt.read_meta(resume_from)["step"]
+        run_dir, resume_from, saved, notes = _find_resume(cfg, opts.resume)
+        current = checkpoint_meta(cfg, inputs.spec, world_size)
+        notes += compat.check(resume_from, saved, current, cfg.optim)
+        step = saved["step"]
         if step >= cfg.train.steps:
             raise UserError(
                 f"checkpoint {resume_from} is at step {step}; raise train.steps above it to continue"
             )
+        if create:
+            dropped = truncate_metrics(run_dir, step)
+            if dropped:
+                notes.append(
+                    f"metrics.jsonl: {dropped} record(s) after step {step} moved to metrics.abandoned.jsonl"
+                )
+        for line in [f"resuming from {resume_from} (step {step})", *notes]:
+            print(f"note: {line}", file=sys.stderr, flush=True)
         name = f"config.resume-{step:08d}.yaml"
     elif not create and cfg.log.run_dir:  # another node of a multi-node run: node 0 owns the dir
         run_dir = Path(cfg.log.run_dir)
@@ -140,11 +150,44 @@ def prepare_run(
     return PreparedRun(cfg, run_dir, config_file, resume_from)
 
 
-def worker_argv(prep: PreparedRun) -> list[str]:
+def worker_argv(prep: PreparedRun, error_dir: Path | None = None) -> list[str]:
     argv = ["--config", str(prep.config_file), "--run-dir", str(prep.run_dir)]
     if prep.resume_from:
         argv += ["--resume", str(prep.resume_from)]
+    if error_dir is not None:
+        argv += ["--error-dir", str(error_dir)]
     return argv
+
+
+def worker_error_line(error_dir: Path) -> str | None:
+    """One line for the input errors the workers wrote (any rank): the message once when every
+    rank agrees, else the lowest rank's, naming it."""
+    found = {}
+    for f in error_dir.glob("rank*.txt"):
+        try:
+            found[int(f.stem[4:])] = f.read_text(errors="replace").strip()
+        except (OSError, ValueError):
+            continue
+    if not found:
+        return None
+    rank = min(found)
+    if len(set(found.values())) == 1:
+        return f"error: {found[rank]}"
+    return f"error (rank {rank}): {found[rank]}"
+
+
+def failure_line(codes: dict[int, int]) -> str:
+    """A worker that died without a Python error: say how (a signal, or an exit code)."""
+    import signal
+
+    rank, code = min(codes.items(), key=lambda kv: (kv[1] >= 0, kv[0]))
+    if code < 0:
+        name = (
+            signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        )
+        hint = " (the host OOM killer, or kill -9?)" if -code == signal.SIGKILL else ""
+        return f"error: local rank {rank} was killed by {name}{hint}"
+    return f"error: training failed on local rank {rank} (exit code {code}); its traceback is above"
 
 
 def spawn(prep: PreparedRun, opts: LaunchOptions, nproc: int) -> int:
@@ -170,17 +213,15 @@ def spawn(prep: PreparedRun, opts: LaunchOptions, nproc: int) -> int:
             "--rdzv-backend",
             opts.rdzv_backend,
         ]
-    args += ["--module", "zerofit.worker", *worker_argv(prep)]
+    error_dir = Path(tempfile.mkdtemp(prefix="zerofit-errors-"))
+    args += ["--module", "zerofit.worker", *worker_argv(prep, error_dir)]
     try:
         run(get_args_parser().parse_args(args))
     except ChildFailedError as e:
+        line = worker_error_line(error_dir)
         codes = {f.local_rank: f.exitcode for f in e.failures.values()}
-        if 2 in codes.values():
-            return 2  # a worker already printed the one-line input error
-        rank, code = next(iter(codes.items()))
-        print(
-            f"error: training failed on local rank {rank} (exit code {code}); its traceback is above",
-            file=sys.stderr,
-        )
-        return 1
+        print(line or failure_line(codes), file=sys.stderr)
+        return 2 if line else 1
+    finally:
+        shutil.rmtree(error_dir, ignore_errors=True)
     return 0

@@ -155,3 +155,26 @@ class MetricsSink:
             self.file.close()
         if self.tb:
             self.tb.close()
+
+
+def truncate_metrics(run_dir: Path, step: int) -> int:
+    """Before resuming at ``step``: keep one record per step in metrics.jsonl by moving records of
+    later steps (the abandoned continuation) and unreadable lines to metrics.abandoned.jsonl.
+    Returns how many lines moved."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    keep, moved = [], []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            later = int(json.loads(line)["step"]) > step
+        except (ValueError, KeyError, TypeError):
+            later = True
+        (moved if later else keep).append(line)
+    if moved:
+        with open(run_dir / "metrics.abandoned.jsonl", "a") as f:
+            f.write("".join(m + "\n" for m in moved))
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(k + "\n" for k in keep))
+        tmp.replace(path)
+    return len(moved)

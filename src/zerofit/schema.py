@@ -153,6 +153,10 @@ class CheckpointConfig:
     every: A[int, "save every N steps (0: only at the end)"] = 0
     keep_last: A[int, "complete checkpoints kept; older ones are deleted"] = 2
     save_final: A[bool, "save when the run ends (benchmarks turn it off)"] = True
+    export_final: A[
+        bool, "after training, write a Hugging Face folder to <run_dir>/export/step_N"
+    ] = False
+    export_dtype: A[Literal["bf16", "fp32"], "dtype of the exported weights"] = "bf16"
 
 
 @dataclass

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -23,6 +24,8 @@ from zerofit.models.llama import set_attention_backend
 from zerofit.precision_report import watch_compute_dtype
 from zerofit.progress import Progress
 from zerofit.schedule import lr_at
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -62,17 +65,21 @@ def make_loader(cfg: Config, data: DataBundle, dp_rank: int, dp_size: int) -> Pa
     )
 
 
-def compat_fingerprint(cfg: Config, spec: ModelSpec, world_size: int) -> dict[str, Any]:
-    """What a checkpoint must agree on to be resumed exactly."""
+def checkpoint_meta(cfg: Config, spec: ModelSpec, world_size: int) -> dict[str, Any]:
+    """What a checkpoint records about the run that wrote it (see zerofit.checkpoint.compat)."""
+    t = cfg.train
     return {
-        **{f"model.{k}": v for k, v in spec.fingerprint.items()},
-        "model.seq_len": cfg.model.seq_len,
-        "precision.master_dtype": cfg.precision.master_dtype,
-        "train.micro_batch_size": cfg.train.micro_batch_size,
-        "train.grad_accum_steps": cfg.train.grad_accum_steps,
-        "data.source": cfg.data.source,
-        "data.tokenizer": cfg.data.tokenizer,
+        "backend": cfg.parallel.backend,
         "world_size": world_size,
+        "model": spec.fingerprint,
+        "optimizer": "adamw",
+        "seq_len": cfg.model.seq_len,
+        "master_dtype": cfg.precision.master_dtype,
+        "micro_batch_size": t.micro_batch_size,
+        "grad_accum_steps": t.grad_accum_steps,
+        "global_batch": t.micro_batch_size * t.grad_accum_steps * world_size,
+        "train_steps": t.steps,
+        "data": {"source": cfg.data.source, "tokenizer": cfg.data.tokenizer},
     }
 
 
@@ -90,7 +97,7 @@ class Trainer:
         self.backend: Backend = backend_cls(ctx, cfg)
         self.backend.setup(self.spec, cfg.model.init_seed)
         self.ckpt_root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
-        self.fingerprint = compat_fingerprint(cfg, self.spec, ctx.world_size)
+        self.meta = checkpoint_meta(cfg, self.spec, ctx.world_size)
         self.step = 0
         self.write_sharding_report()
         if ctx.is_main:
@@ -127,22 +134,33 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def resume(self, path: Path) -> None:
-        ckpt.check_compatible(path, self.fingerprint, self.cfg.parallel.backend)
-        self.step, state = ckpt.load_checkpoint(self.backend, path)
-        self.loader.load_state_dict(state["data"])
-        self.backend.load_extra_state(state["backend"])
-        ckpt.set_rng_state(state["rng"])
+        """Restore from a verified checkpoint of any engine and world size (checked by the
+        launcher: zerofit.checkpoint.compat)."""
+        saved = ckpt.read_meta(path)
+        state, own = agreed(
+            self.ctx, lambda: ckpt.load_rank_state(path, saved, self.ctx.rank, self.ctx.world_size)
+        )
+        agreed(self.ctx, lambda: self.backend.check_restorable(path / "model", saved))
+        self.backend.restore(path / "model", saved)
+        self.loader.load_state_dict(state["data"])  # a global position: the same on every rank
+        if saved["backend"] == self.cfg.parallel.backend:
+            self.backend.load_extra_state(state["backend"])  # e.g. the fp16 loss scale
+        if own:
+            ckpt.rank_state.set_rng_state(state["rng"])
+        else:  # another world size: fresh per-rank streams, still a function of seed, rank, step
+            torch.manual_seed(self.cfg.train.seed + self.ctx.rank + 1_000_003 * saved["step"])
+        self.step = saved["step"]
 
     def save(self) -> Path:
         state = {
             "data": self.loader.state_dict(),
-            "rng": ckpt.rng_state(),
+            "rng": ckpt.rank_state.rng_state(),
             "backend": self.backend.extra_state(),
         }
         meta = {
-            "backend": self.cfg.parallel.backend,
-            "fingerprint": self.fingerprint,
-            "world_size": self.ctx.world_size,
+            **self.meta,
+            "format": self.backend.checkpoint_format,
+            "layout": self.backend.layout(),
         }
         return ckpt.save_checkpoint(
             self.backend, self.ckpt_root, self.step, state, meta, self.cfg.checkpoint.keep_last
@@ -274,6 +292,22 @@ class Trainer:
         if ctx.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
+
+
+def agreed(ctx: DistContext, fn: Callable[[], T]) -> T:
+    """Run ``fn`` on every rank; if it raised a UserError on any rank, raise it on all of them
+    (so no rank goes on into a collective its peers will never join)."""
+    error: str | None = None
+    result = None
+    try:
+        result = fn()
+    except UserError as e:
+        error = str(e)
+    failed = [(r, m) for r, m in enumerate(ctx.gather_object(error)) if m]
+    if failed:
+        rank, message = failed[0]
+        raise UserError(message if len({m for _, m in failed}) == 1 else f"(rank {rank}) {message}")
+    return result  # type: ignore[return-value]
 
 
 def environment(ctx: DistContext) -> dict[str, Any]:

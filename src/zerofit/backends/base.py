@@ -37,6 +37,8 @@ class Backend(ABC):
     """
 
     name: ClassVar[str]
+    # How `save` writes its files; a reader for it is registered in zerofit.checkpoint.neutral.
+    checkpoint_format: ClassVar[str] = "dcp"
     # Config keys (or key prefixes) only this engine reads: `zerofit bench` sweeps them for it alone.
     own_keys: ClassVar[tuple[str, ...]] = ()
     model: nn.Module
@@ -71,10 +73,27 @@ class Backend(ABC):
 
     @abstractmethod
     def save(self, path: Path) -> None:
-        """Write model + optimizer state (sharded, collective) under `path`."""
+        """Write model + optimizer state (sharded, collective) under `path`, in tensors only."""
 
     @abstractmethod
-    def load(self, path: Path) -> None: ...
+    def restore(self, path: Path, saved: dict) -> None:
+        """Load model + optimizer state (collective) from `path`, written by any engine at any world
+        size; `saved` is the checkpoint's meta.json (its `format` and `layout`)."""
+
+    def check_restorable(self, path: Path, saved: dict) -> None:
+        """Open (safely) everything `restore` will read on this rank, without collectives, so an
+        unreadable file stops every rank before any of them enters `restore`'s collectives."""
+        from zerofit.checkpoint.neutral import READ_ERRORS, checkpoint_error, open_reader
+
+        try:
+            open_reader(path, saved["format"]).read_metadata()
+        except READ_ERRORS as e:
+            raise checkpoint_error(path.parent, e) from None
+
+    def layout(self) -> dict:
+        """What this engine's own files depend on: a checkpoint with the same layout (and format)
+        can be loaded natively, others go through the engine-neutral view."""
+        return {"world_size": self.ctx.world_size}
 
     @abstractmethod
     def reduce_dtype_in_use(self) -> torch.dtype:

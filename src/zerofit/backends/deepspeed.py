@@ -18,10 +18,23 @@ import torch
 from torch import nn
 
 from zerofit.backends.base import Backend, materialize_from_spec, register
+from zerofit.backends.deepspeed_checkpoint import ZeroCheckpointReader
 from zerofit.backends.torch_common import param_groups
+from zerofit.checkpoint.neutral import (
+    MODEL,
+    MOMENTS,
+    OPTIM,
+    READ_ERRORS,
+    NeutralView,
+    checkpoint_error,
+    open_reader,
+    register_format,
+)
+from zerofit.checkpoint.safe_load import load_torch_file
 from zerofit.config import Config, resolve_precision
 from zerofit.errors import UserError
 from zerofit.models import ModelSpec
+from zerofit.models.llama import strip_wrapper_names
 from zerofit.parallelize import (
     apply_ac,
     apply_compile,
@@ -41,9 +54,13 @@ def _deepspeed():  # noqa: ANN202 - the module, imported late: it is an optional
     return deepspeed
 
 
+register_format("deepspeed", ZeroCheckpointReader)
+
+
 @register("deepspeed")
 class DeepSpeedBackend(Backend):
     own_keys = ("parallel.deepspeed.",)
+    checkpoint_format = "deepspeed"
 
     @classmethod
     def prepare_config(cls, cfg: Config, world_size: int, device_type: str) -> Config:
@@ -83,6 +100,14 @@ class DeepSpeedBackend(Backend):
         from zerofit.ds_config import to_ds_json
 
         self.ds_json = to_ds_json(self.cfg, self.ctx.world_size)
+        if (
+            self.precision.param_dtype == "fp16"
+            and not deepspeed.get_accelerator().is_fp16_supported()
+        ):
+            raise UserError(
+                f"fp16 compute (precision.param_dtype, or the DeepSpeed JSON's fp16 section) is not "
+                f"supported by DeepSpeed on this {self.ctx.device.type.upper()}; use bf16 or fp32"
+            )
         os.environ.setdefault("LOCAL_RANK", str(self.ctx.local_rank))  # zero.Init reads it
         # Adopts the process group zerofit already initialised (NCCL on GPUs, gloo on CPU).
         deepspeed.init_distributed(
@@ -92,7 +117,7 @@ class DeepSpeedBackend(Backend):
         if stage == 3:
             with deepspeed.zero.Init(config_dict_or_path=self.ds_json):
                 module = spec.construct()
-            _fill_partitions_(module, self.ctx.rank, init_seed, spec)
+            _init_params_(module, self.ctx.rank, init_seed, spec, masters=False)
         else:
             module = spec.module
             materialize_from_spec(module, self.ctx.device, spec, init_seed)
@@ -112,7 +137,7 @@ class DeepSpeedBackend(Backend):
             config=self.ds_json,
         )
         if self.precision.param_dtype != "fp32" and self.precision.master_dtype == "fp32":
-            _set_fp32_masters_(engine.module, self.ctx.device, init_seed, spec)
+            _init_params_(engine.module, self.ctx.rank, init_seed, spec, masters=True)
         self.model, self.optimizer = engine, optimizer
         self._last = True
 
@@ -136,12 +161,63 @@ class DeepSpeedBackend(Backend):
     def save(self, path: Path) -> None:
         self.model.save_checkpoint(str(path.parent), tag=path.name, save_latest=False)
 
-    def load(self, path: Path) -> None:
-        loaded, _ = self.model.load_checkpoint(
+    def layout(self) -> dict:
+        ds = self.parallel.deepspeed
+        return {
+            "world_size": self.ctx.world_size,
+            "stage": ds.stage,
+            "offload_optimizer": ds.offload_optimizer,
+            "offload_param": ds.offload_param,
+            "master_dtype": self.precision.master_dtype,
+        }
+
+    def _native(self, saved: dict) -> bool:
+        return saved["format"] == self.checkpoint_format and saved.get("layout") == self.layout()
+
+    def check_restorable(self, path: Path, saved: dict) -> None:
+        if not self._native(saved):
+            return super().check_restorable(path, saved)
+        for file in sorted(path.glob("*.pt")):  # what DeepSpeed's loader may open, weights-only
+            load_torch_file(file)
+
+    def restore(self, path: Path, saved: dict) -> None:
+        """DeepSpeed's own loader for its own layout (every file it opens read weights-only);
+        anything else through the neutral view, one full tensor at a time."""
+        try:
+            if self._native(saved):
+                self._load_native(path)
+            else:
+                self._load_neutral(NeutralView(open_reader(path, saved["format"]), path.parent))
+        except UserError:
+            raise
+        except READ_ERRORS as e:  # one line, naming the checkpoint
+            raise checkpoint_error(path.parent, e) from None
+
+    def _load_native(self, path: Path) -> None:
+        engine = self.model
+        engine.checkpoint_engine.load = lambda file, map_location=None: load_torch_file(
+            file, map_location, mmap=False
+        )
+        loaded, _ = engine.load_checkpoint(
             str(path.parent), tag=path.name, load_lr_scheduler_states=False
         )
         if loaded is None:
             raise UserError(f"DeepSpeed could not load the checkpoint in {path}")
+
+    def _load_neutral(self, view: NeutralView) -> None:
+        from deepspeed.utils import safe_set_full_optimizer_state
+
+        module, step = self.model.module, None
+        _materialize_optimizer_state_(self.optimizer)
+        for name, p in module.named_parameters():
+            key = strip_wrapper_names(name)
+            full = view.read(MODEL + key, torch.float32)
+            _set_full_param_(p, full, self.ctx.rank)
+            for m in MOMENTS:
+                safe_set_full_optimizer_state(p, view.read(f"{OPTIM}{key}.{m}", torch.float32), m)
+            if step is None:
+                step = float(view.read(f"{OPTIM}{key}.step"))
+        _set_optimizer_step_(self.optimizer, step or 0.0)
 
     def master_tensors(self) -> Iterator[torch.Tensor]:
         """ZeRO keeps its own flat master partitions (stage 3 / stages 1-2 / bf16 optimizer)."""
@@ -165,38 +241,81 @@ class DeepSpeedBackend(Backend):
 
 
 @torch.no_grad()
-def _fill_partitions_(module: nn.Module, rank: int, init_seed: int, spec: ModelSpec) -> None:
-    """Write each ZeRO-3 parameter's partition from its full, name-seeded init (one at a time)."""
+def _set_full_param_(p: nn.Parameter, full: torch.Tensor, rank: int, masters: bool = True) -> None:
+    """Set one parameter everywhere DeepSpeed keeps it, from its full tensor: the module's copy
+    (this rank's ZeRO-3 partition, or the whole tensor) and, once the optimizer exists
+    (``masters``), its fp32 master."""
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    from deepspeed.utils import safe_set_full_fp32_param
 
-    for name, p in module.named_parameters():
-        full = full_param(
-            name,
-            p.ds_shape,
-            p.ds_tensor.device,
-            init_seed=init_seed,
-            init_param_=spec.init_param_,
-            weights=spec.weights,
-        )
-        flat = full.flatten()
+    if hasattr(p, "ds_tensor"):
         size = p.ds_tensor.ds_numel
-        local = flat[rank * size : (rank + 1) * size]
+        local = full.flatten()[rank * size : (rank + 1) * size]
         p.ds_tensor.data.zero_()
         p.ds_tensor.data[: local.numel()].copy_(local)
-        if p.ds_status == ZeroParamStatus.AVAILABLE:  # persistent (small) params are kept whole too
+        if p.ds_status == ZeroParamStatus.AVAILABLE:  # persistent (small) params are kept whole
             p.data.copy_(full)
+    else:
+        p.data.copy_(full)
+    if masters:
+        safe_set_full_fp32_param(p, full)
 
 
 @torch.no_grad()
-def _set_fp32_masters_(
-    module: nn.Module, device: torch.device, init_seed: int, spec: ModelSpec
-) -> None:
-    """DeepSpeed derives fp32 master weights from the bf16/fp16 copy (the init rounded to 8 or 11
-    bits). Put the exact fp32 init back, so every engine starts from the same master weights."""
-    from deepspeed.utils import safe_set_full_fp32_param
+def _materialize_optimizer_state_(optimizer: object) -> None:
+    """Create the base optimizer's (lazily built) AdamW state so it can be overwritten: one step
+    at lr 0 on zero gradients, which moves no weight (as torch's own get_state_dict does)."""
+    base = getattr(optimizer, "optimizer", optimizer)
+    attach = getattr(optimizer, "_set_fp32_optimizer_param_groups", None)  # ZeRO-3 attaches its
+    if attach is not None:  # fp32 partitions to the base optimizer only around its step
+        attach()
+    params = [p for g in base.param_groups for p in g["params"]]
+    if not all(p in base.state and "exp_avg" in base.state[p] for p in params):
+        lrs = [g["lr"] for g in base.param_groups]
+        for g in base.param_groups:
+            g["lr"] = 0.0
+        grads = [p.grad for p in params]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        base.step()
+        for p, grad in zip(params, grads, strict=True):
+            p.grad = grad
+        for g, lr in zip(base.param_groups, lrs, strict=True):
+            g["lr"] = lr
+    if attach is not None:
+        optimizer._clear_fp32_optimizer_param_groups()
+    link = getattr(optimizer, "_lazy_init_hp_params_optimizer_state", None)  # ZeRO-1/2, bf16:
+    if link is not None:  # point each parameter's fragment map at the new state
+        link()
 
+
+def _set_optimizer_step_(optimizer: object, step: float) -> None:
+    """AdamW's step count, wherever the base optimizer keeps it (per state, or per group)."""
+    base = getattr(optimizer, "optimizer", optimizer)
+    for state in base.state.values():
+        if "step" in state:
+            old = state["step"]
+            state["step"] = (
+                torch.full_like(old, step) if isinstance(old, torch.Tensor) else type(old)(step)
+            )
+    for group in base.param_groups:
+        if "step" in group:
+            group["step"] = int(step)
+
+
+@torch.no_grad()
+def _init_params_(
+    module: nn.Module, rank: int, init_seed: int, spec: ModelSpec, masters: bool
+) -> None:
+    """Every parameter from its full, name-seeded init (or the model's weights), one at a time.
+
+    Before ``deepspeed.initialize`` (``masters=False``) this fills each ZeRO-3 partition. After
+    it, DeepSpeed has derived fp32 masters from the bf16/fp16 copy (the init rounded to 8 or 11
+    bits); ``masters=True`` puts the exact fp32 init back, so every engine starts from the same
+    master weights."""
     for name, p in module.named_parameters():
         shape = p.ds_shape if hasattr(p, "ds_shape") else p.shape
+        device = p.ds_tensor.device if hasattr(p, "ds_tensor") else p.device
         full = full_param(
             name,
             shape,
@@ -205,4 +324,4 @@ def _set_fp32_masters_(
             init_param_=spec.init_param_,
             weights=spec.weights,
         )
-        safe_set_full_fp32_param(p, full)
+        _set_full_param_(p, full, rank, masters)

@@ -11,6 +11,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from zerofit.backends.base import DTYPE, Backend
+from zerofit.checkpoint.neutral import READ_ERRORS, checkpoint_error, open_reader
 from zerofit.config import OptimConfig
 
 
@@ -68,19 +69,39 @@ class TorchBackend(Backend):
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
-    def save(self, path: Path) -> None:
+    def _tensor_state(self) -> tuple[dict, dict, list]:
+        """The neutral-keyed tensors (``model.*``, one key per tied tensor; ``optim.state.*``),
+        the full model state dict (same tensors) and the optimizer's param groups: only tensors
+        are saved, hyper-parameters come from the config."""
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+        seen: set[int] = set()
+        unique = {}
+        for k, v in model_sd.items():
+            if id(v) not in seen:
+                seen.add(id(v))
+                unique[k] = v
+        state = {"model": unique, "optim": {"state": optim_sd["state"]}}
+        return state, model_sd, optim_sd["param_groups"]
 
-    def load(self, path: Path) -> None:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(path))
+    def save(self, path: Path) -> None:
+        state, _, _ = self._tensor_state()
+        dcp.save(state, checkpoint_id=str(path))
+
+    def restore(self, path: Path, saved: dict) -> None:
+        """DCP reshards across world sizes and between DDP and FSDP2 itself; other engines'
+        files come through their registered reader under the same keys."""
+        state, model_sd, groups = self._tensor_state()
+        try:
+            reader = open_reader(path, saved["format"])
+            reader.read_metadata()  # refused here, in one line, before DCP logs its fallbacks
+            dcp.load(state, storage_reader=reader)
+        except READ_ERRORS as e:
+            raise checkpoint_error(path.parent, e) from None
         set_state_dict(
             self.model,
             self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
+            model_state_dict=model_sd,  # loaded in place: aliases of tied tensors included
+            optim_state_dict={"state": state["optim"]["state"], "param_groups": groups},
         )
 
     def extra_state(self) -> dict:

@@ -1,0 +1,215 @@
+"""DeepSpeed ZeRO checkpoints as an engine-neutral DCP ``StorageReader``.
+
+DeepSpeed writes one optimizer file per rank holding that rank's flat fp32 partitions and AdamW
+moments, plus the parameter shapes. This reader presents them under the neutral keys of
+``zerofit.checkpoint.neutral`` with full shapes, so any engine at any world size (and
+``zerofit export``) can read them. Files are opened weights-only and memory-mapped: building one
+full tensor touches only the slices of it that each rank's file holds.
+
+Layouts (the same arithmetic DeepSpeed's ``zero_to_fp32`` uses):
+- ZeRO-3: each parameter is split on its own into ``ceil(numel / world)`` elements per rank; a
+  rank's flat groups are its pieces of every parameter, in ``param_shapes`` order.
+- ZeRO-1/2: each parameter group is flattened and cut into equal rank partitions; the file's
+  ``param_slice_mappings`` give each parameter's fragment (start, numel) within the partition.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
+
+from zerofit.checkpoint.neutral import MODEL, MOMENTS, OPTIM
+from zerofit.checkpoint.safe_load import UnsafeCheckpointError, load_torch_file
+
+_OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
+
+
+@dataclass
+class _Rank:
+    """One rank's file: flat fp32 partitions, moments and steps per group."""
+
+    flats: list[torch.Tensor]
+    moments: dict[str, list[torch.Tensor]]
+    steps: list[float]
+    slices: list[dict[str, Any]] | None  # ZeRO-1/2: name -> fragment_address per group
+
+
+def _group_step(state: dict, groups: list[dict], g: int) -> float:
+    step = state.get(g, {}).get("step")
+    if step is None and g < len(groups):
+        step = groups[g].get("step")
+    return float(step) if step is not None else 0.0
+
+
+def _read_rank(path: Path) -> tuple[_Rank, int]:
+    sd = load_torch_file(path)
+    try:
+        osd = sd["optimizer_state_dict"]
+        stage = int(osd["zero_stage"])
+        if stage == 3:
+            flats, base, slices = osd["fp32_flat_groups"], osd["optimizer_state_dict"], None
+        else:
+            flats = osd["single_partition_of_fp32_groups"]
+            base, slices = osd["base_optimizer_state"], osd["param_slice_mappings"]
+        state, groups = base["state"], base.get("param_groups", [])
+        moments = {m: [state[g][m] for g in range(len(flats))] for m in MOMENTS}
+        steps = [_group_step(state, groups, g) for g in range(len(flats))]
+    except (KeyError, TypeError, IndexError, ValueError) as e:
+        raise UnsafeCheckpointError(
+            f"{path} is not a DeepSpeed ZeRO optimizer file ({e!r})"
+        ) from None
+    return _Rank(list(flats), moments, steps, slices), stage
+
+
+def _virtual_slice(parts: list[torch.Tensor], start: int, length: int) -> torch.Tensor:
+    """``torch.cat(parts)[start:start + length]`` without concatenating everything."""
+    out, pos = [], 0
+    for t in parts:
+        n = t.numel()
+        lo, hi = max(start, pos), min(start + length, pos + n)
+        if lo < hi:
+            out.append(t.reshape(-1)[lo - pos : hi - pos])
+        pos += n
+    if sum(o.numel() for o in out) != length:
+        raise UnsafeCheckpointError(
+            "a DeepSpeed partition is shorter than its parameter shapes say"
+        )
+    return out[0] if len(out) == 1 else torch.cat(out)
+
+
+class ZeroCheckpointReader(StorageReader):
+    """Read-only, offline view of a DeepSpeed ZeRO-1/2/3 checkpoint directory."""
+
+    def __init__(self, model_dir: Path) -> None:
+        super().__init__()
+        self.dir = Path(model_dir)
+        self._loaded = False
+
+    # -- layout ------------------------------------------------------------------------------
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        files = {int(m.group(1)): p for p in self.dir.iterdir() if (m := _OPTIM_FILE.match(p.name))}
+        if not files or sorted(files) != list(range(len(files))):
+            raise UnsafeCheckpointError(
+                f"{self.dir} has no complete set of DeepSpeed optimizer files"
+            )
+        model_file = next(
+            (self.dir / n for n in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+             if (self.dir / n).is_file()),
+            None,
+        )  # fmt: skip
+        if model_file is None:
+            raise UnsafeCheckpointError(f"{self.dir} has no DeepSpeed model-states file")
+        try:
+            groups = load_torch_file(model_file)["param_shapes"]
+            self.shapes = [{n: tuple(s) for n, s in g.items()} for g in groups]
+        except (KeyError, TypeError, AttributeError) as e:
+            raise UnsafeCheckpointError(f"{model_file} has no parameter shapes ({e!r})") from None
+        loaded = [_read_rank(files[r]) for r in range(len(files))]
+        self.ranks = [r for r, _ in loaded]
+        self.stage = loaded[0][1]
+        self.world = len(self.ranks)
+        self.group_of = {n: g for g, shapes in enumerate(self.shapes) for n in shapes}
+        self.offsets: dict[str, int] = {}  # ZeRO-3: offset of each param's piece in a rank's flats
+        pos = 0
+        for shapes in self.shapes:
+            for name, shape in shapes.items():
+                self.offsets[name] = pos
+                pos += math.ceil(math.prod(shape) / self.world)
+        self._loaded = True
+
+    def full(self, key: str) -> torch.Tensor:
+        """The full tensor under a neutral key, assembled from every rank's file."""
+        self._load()
+        if key.startswith(MODEL):
+            name, kind = key[len(MODEL) :], "param"
+        else:
+            name, _, kind = key[len(OPTIM) :].rpartition(".")
+        if name not in self.group_of:
+            raise UnsafeCheckpointError(f"{self.dir} has no parameter {name!r}")
+        g = self.group_of[name]
+        if kind == "step":
+            return torch.tensor(self.ranks[0].steps[g], dtype=torch.float32)
+        shape = self.shapes[g][name]
+        numel = math.prod(shape)
+        pieces = []
+        for rank in self.ranks:
+            source = rank.flats if kind == "param" else rank.moments[kind]
+            if self.stage == 3:
+                part = math.ceil(numel / self.world)
+                pieces.append(_virtual_slice(source, self.offsets[name], part))
+            elif rank.slices is not None and name in rank.slices[g]:
+                frag = rank.slices[g][name]
+                pieces.append(source[g].reshape(-1)[frag.start : frag.start + frag.numel])
+        flat = torch.cat(pieces)[:numel]
+        if flat.numel() != numel:
+            raise UnsafeCheckpointError(f"{self.dir}: the partitions of {name!r} do not add up")
+        return flat.view(shape)
+
+    # -- StorageReader -----------------------------------------------------------------------
+    def reset(self, checkpoint_id: Any = None) -> None:
+        pass
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        self._load()
+        md: dict[str, Any] = {}
+        for g, shapes in enumerate(self.shapes):
+            dtype = self.ranks[0].flats[g].dtype
+            for name, shape in shapes.items():
+                md[MODEL + name] = _tensor_md(shape, dtype)
+                for m in MOMENTS:
+                    md[f"{OPTIM}{name}.{m}"] = _tensor_md(shape, self.ranks[0].moments[m][g].dtype)
+                md[f"{OPTIM}{name}.step"] = _tensor_md((), torch.float32)
+        return Metadata(state_dict_metadata=md, storage_data={})
+
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *a: Any, **k: Any
+    ) -> None:
+        pass
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        for req in plan.items:
+            src = self.full(req.storage_index.fqn)
+            for dim, (off, length) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
+                src = src.narrow(dim, off, length)
+            target = planner.resolve_tensor(req).detach()
+            target.copy_(src)
+            planner.commit_tensor(req, target)
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return Path(checkpoint_id).is_dir()
+
+
+def _tensor_md(shape: tuple[int, ...], dtype: torch.dtype) -> TensorStorageMetadata:
+    size = torch.Size(shape)
+    chunk = ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=size)
+    return TensorStorageMetadata(TensorProperties(dtype=dtype), size, [chunk])
+
+
+_ = MetadataIndex  # storage indices are built by DCP's planner from the metadata above

@@ -1,0 +1,138 @@
+"""Atomic, verified, engine-portable checkpoints.
+
+Layout of a complete checkpoint ``step_00000100/`` (written as ``step_00000100.tmp/``, renamed
+when complete: the rename is the commit point):
+
+    model/          the engine's own files (DCP for ddp/fsdp, DeepSpeed's for deepspeed)
+    rank{r}.json    per-rank state: data position, RNG streams, loss scaler (JSON, no pickle)
+    meta.json       step, engine, format, layout, model fingerprint, batch layout, schedule
+    manifest.json   every other file's size and SHA-256; written last
+
+Resume verifies the manifest before reading anything, then loads through the engine: its own
+format directly, or any other engine's through the engine-neutral view (``neutral.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from zerofit.checkpoint import manifest, rank_state
+from zerofit.checkpoint.safe_load import UnsafeCheckpointError
+from zerofit.errors import UserError
+
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+__all__ = [
+    "UnsafeCheckpointError",
+    "complete_checkpoints",
+    "latest_checkpoint",
+    "read_meta",
+    "save_checkpoint",
+    "select_checkpoint",
+    "step_dir",
+]
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:08d}"
+
+
+def step_dirs(root: Path) -> list[Path]:
+    """Committed (renamed) checkpoint directories under ``root``, oldest first; not verified."""
+    if not root.is_dir():
+        return []
+    return sorted(
+        (p for p in root.iterdir() if _STEP_DIR.match(p.name) and p.is_dir()), key=lambda p: p.name
+    )
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Committed checkpoints that carry a manifest (cheap check; ``verify`` is the real one)."""
+    return [p for p in step_dirs(root) if (p / manifest.MANIFEST).is_file()]
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    done = complete_checkpoints(root)
+    return done[-1] if done else None
+
+
+def read_meta(ckpt: Path) -> dict[str, Any]:
+    path = ckpt / "meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UnsafeCheckpointError(f"checkpoint {ckpt} has no meta.json") from None
+    except (OSError, ValueError, UnicodeDecodeError):
+        raise UnsafeCheckpointError(f"checkpoint {ckpt}: meta.json is not valid JSON") from None
+    missing = [k for k in ("step", "backend", "format", "world_size") if k not in meta]
+    if not isinstance(meta, dict) or missing or not isinstance(meta.get("step"), int):
+        raise UnsafeCheckpointError(
+            f"checkpoint {ckpt}: meta.json lacks {', '.join(missing) or 'an integer step'}"
+        )
+    return meta
+
+
+def verify(ckpt: Path) -> dict[str, Any]:
+    """Manifest first (every byte), then meta.json; returns the meta."""
+    manifest.verify(ckpt)
+    return read_meta(ckpt)
+
+
+def select_checkpoint(root: Path) -> tuple[Path, dict[str, Any], list[str]]:
+    """The newest checkpoint under ``root`` that verifies, its meta, and one line per newer
+    checkpoint that was skipped (damaged or incomplete). UserError when none verifies."""
+    skipped: list[str] = []
+    for ckpt in reversed(step_dirs(root)):
+        try:
+            return ckpt, verify(ckpt), skipped
+        except UserError as e:
+            skipped.append(f"skipping damaged checkpoint {ckpt.name}: {e}")
+    if skipped:
+        raise UserError(f"--resume: no checkpoint under {root} verifies (newest: {skipped[0]})")
+    raise UserError(f"--resume: no complete checkpoint under {root}")
+
+
+def save_checkpoint(
+    backend: Any,
+    root: Path,
+    step: int,
+    rank_data: dict[str, Any],
+    meta: dict[str, Any],
+    keep_last: int,
+) -> Path:
+    """Collective: every rank calls it. Returns the final directory."""
+    ctx = backend.ctx
+    final = step_dir(root, step)
+    tmp = final.with_name(final.name + ".tmp")
+    if ctx.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    ctx.barrier()
+    backend.save(tmp / "model")
+    rank_state.write(tmp / f"rank{ctx.rank}.json", rank_data)
+    if ctx.is_main:
+        (tmp / "meta.json").write_text(json.dumps({**meta, "step": step}, indent=1))
+    ctx.barrier()
+    files = ctx.broadcast_object(manifest.list_files(tmp) if ctx.is_main else None)
+    mine = manifest.hash_files(tmp, files[ctx.rank :: ctx.world_size])  # type: ignore[index]
+    sums = ctx.gather_object(mine)
+    if ctx.is_main:
+        manifest.write_manifest(tmp, {k: v for part in sums for k, v in part.items()}, step)
+        if final.exists():  # the same step saved again (a re-run after resume)
+            shutil.rmtree(final)
+        tmp.rename(final)
+        for old in complete_checkpoints(root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    ctx.barrier()
+    return final
+
+
+def load_rank_state(
+    ckpt: Path, meta: dict[str, Any], rank: int, world_size: int
+) -> tuple[dict[str, Any], bool]:
+    """This rank's saved state, and whether it is its own (same world size) or rank 0's."""
+    own = meta["world_size"] == world_size
+    return rank_state.read(ckpt / f"rank{rank if own else 0}.json"), own

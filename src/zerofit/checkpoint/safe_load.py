@@ -1,0 +1,150 @@
+"""Reading checkpoint files without running code from them.
+
+Pickle runs whatever a file tells it to; a checkpoint from a colleague, a shared drive or the web
+must not. Everything zerofit reads back goes through one of these:
+
+- ``load_torch_file``: ``torch.load(weights_only=True)``: tensors, containers and primitives only,
+  plus the few plain-data classes DeepSpeed pickles into its own ``.pt`` files (its loss-scaler
+  records, the ZeRO stage enum, fragment addresses), memory-mapped so a shard is not copied.
+- ``load_dcp_metadata``: torch.distributed.checkpoint's ``.metadata`` is a raw pickle that PyTorch
+  itself unpickles without restriction. Here an allowlist of DCP's own dataclasses is all a
+  metadata file may name.
+- ``SafeFileSystemReader``: PyTorch's DCP reader with the metadata read as above and no pickled
+  (non-tensor) items: zerofit saves tensors only, so a checkpoint that asks for one is refused.
+
+A refused file raises ``UnsafeCheckpointError`` naming it; nothing in it has run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+
+from zerofit.errors import UserError
+
+
+class UnsafeCheckpointError(UserError):
+    """A checkpoint file that is damaged or asks to run code: refused before anything ran."""
+
+
+_DCP_CLASSES = {
+    ("torch.distributed.checkpoint.metadata", n)
+    for n in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PurePosixPath"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Resolves only DCP's plain-data classes, torch dtypes and layouts; anything else is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _DCP_CLASSES:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if (module, name) == ("torch.serialization", "_get_layout"):
+            return _layout
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which a checkpoint never needs")
+
+
+def _layout(name: str) -> torch.layout:
+    layouts = {str(v): v for v in vars(torch).values() if isinstance(v, torch.layout)}
+    if name not in layouts:
+        raise pickle.UnpicklingError(f"unknown tensor layout {name!r}")
+    return layouts[name]
+
+
+def load_dcp_metadata(path: Path) -> Metadata:
+    """Unpickle a DCP ``.metadata`` file through the allowlist."""
+    try:
+        with open(path, "rb") as f:
+            meta = _MetadataUnpickler(f).load()
+    except OSError as e:
+        raise UnsafeCheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+    except Exception as e:  # noqa: BLE001 - any failure of a hostile/damaged pickle is one line
+        raise UnsafeCheckpointError(f"{path} refused: {_reason(e)}") from None
+    if not isinstance(meta, Metadata):
+        raise UnsafeCheckpointError(f"{path} refused: not a checkpoint metadata record")
+    return meta
+
+
+def _reason(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    first = text.split(". ")[0]
+    return first[:300]
+
+
+def ds_safe_globals() -> list[Any]:
+    """Plain-data classes DeepSpeed pickles into its checkpoint files (none of them runs code)."""
+    found: list[Any] = []
+    for module, names in (
+        ("deepspeed.runtime.fp16.loss_scaler", ("LossScaler", "DynamicLossScaler")),
+        ("deepspeed.runtime.zero.config", ("ZeroStageEnum",)),
+        ("deepspeed.utils.tensor_fragment", ("fragment_address",)),
+    ):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        found += [getattr(mod, n) for n in names if hasattr(mod, n)]
+    return found
+
+
+def load_torch_file(path: str | Path, map_location: Any = "cpu", mmap: bool = True) -> Any:
+    """``torch.load`` that cannot run code: weights only, plus DeepSpeed's plain-data records."""
+    try:
+        with torch.serialization.safe_globals(ds_safe_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except OSError as e:
+        raise UnsafeCheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+    except Exception as e:  # noqa: BLE001
+        raise UnsafeCheckpointError(f"{path} refused: {_reason(e)}") from None
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """DCP's file reader, minus its two unrestricted unpickles (metadata and byte items)."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(str(path))
+        self._root = Path(path)
+        self._metadata: Metadata | None = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if self._metadata is None:
+            self._metadata = load_dcp_metadata(self._root / ".metadata")
+        meta = self._metadata
+        if getattr(meta, "storage_meta", None) is None:
+            meta.storage_meta = StorageMeta()
+        meta.storage_meta.load_id = self.load_id
+        return meta
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Any:
+        for item in plan.items:
+            if item.type == LoadItemType.BYTE_IO:
+                raise UnsafeCheckpointError(
+                    f"{self._root} refused: item {item.storage_index.fqn!r} is a pickled object "
+                    "(zerofit checkpoints hold tensors only)"
+                )
+        return super().read_data(plan, planner)

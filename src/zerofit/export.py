@@ -1,0 +1,326 @@
+"""``zerofit export``: a Hugging Face model folder from any zerofit checkpoint, offline.
+
+Whatever engine wrote the checkpoint (DDP/FSDP: DCP files; DeepSpeed ZeRO: its own), tensors are
+read through the engine-neutral view one at a time, cast, and written into safetensors shards of at
+most ``max_shard_bytes`` (peak host memory: about one shard plus one tensor), with their index,
+``config.json``, ``generation_config.json`` and the run's tokenizer files. Everything that can fail
+on input is checked first (manifest, meta, every name and shape against the HF model's), and the
+folder is written as ``<out>.tmp-<pid>``, renamed at the end. The built-in Llama maps onto
+``LlamaForCausalLM`` by name alone: its RoPE is HF's "rotate half" layout (no q/k permutation).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zerofit.checkpoint import complete_checkpoints, manifest, step_dir, step_dirs, verify
+from zerofit.checkpoint.neutral import MODEL, NeutralView, open_reader
+from zerofit.config import Config, load_config
+from zerofit.errors import UserError
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja",
+)  # fmt: skip
+HF_PREFIX = "hf."
+
+# zerofit Llama parameter -> Hugging Face LlamaForCausalLM parameter (no q/k permutation needed).
+LLAMA_TO_HF: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(p), r)
+    for p, r in (
+        (r"tok_embeddings\.weight", "model.embed_tokens.weight"),
+        (r"layers\.(\d+)\.attention_norm\.weight", r"model.layers.\1.input_layernorm.weight"),
+        (r"layers\.(\d+)\.attention\.wq\.weight", r"model.layers.\1.self_attn.q_proj.weight"),
+        (r"layers\.(\d+)\.attention\.wk\.weight", r"model.layers.\1.self_attn.k_proj.weight"),
+        (r"layers\.(\d+)\.attention\.wv\.weight", r"model.layers.\1.self_attn.v_proj.weight"),
+        (r"layers\.(\d+)\.attention\.wo\.weight", r"model.layers.\1.self_attn.o_proj.weight"),
+        (r"layers\.(\d+)\.ffn_norm\.weight", r"model.layers.\1.post_attention_layernorm.weight"),
+        (r"layers\.(\d+)\.feed_forward\.w1\.weight", r"model.layers.\1.mlp.gate_proj.weight"),
+        (r"layers\.(\d+)\.feed_forward\.w3\.weight", r"model.layers.\1.mlp.up_proj.weight"),
+        (r"layers\.(\d+)\.feed_forward\.w2\.weight", r"model.layers.\1.mlp.down_proj.weight"),
+        (r"norm\.weight", "model.norm.weight"),
+        (r"output\.weight", "lm_head.weight"),
+    )
+]
+
+
+def llama_to_hf(name: str) -> str | None:
+    """The Hugging Face name of a built-in Llama parameter, or None for an unknown name."""
+    for pattern, repl in LLAMA_TO_HF:
+        if pattern.fullmatch(name):
+            return pattern.sub(repl, name)
+    return None
+
+
+def parse_size(text: str) -> int:
+    """'5GB' -> 5e9 bytes, '20MiB' -> 20 * 2**20, '1000' -> 1000."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise UserError(f"bad size {text!r} (e.g. 5GB, 500MB, 2GiB)")
+    unit = (m.group(2) or "B").upper()
+    base = 1024 if "I" in unit else 1000
+    size = int(float(m.group(1)) * base ** "BKMGT".index(unit[0]))
+    if size < 1:
+        raise UserError(f"size {text!r} must be at least one byte")
+    return size
+
+
+def read_run_config(run_dir: Path) -> Config:
+    if not run_dir.is_dir():
+        raise UserError(f"no such run directory: {run_dir}")
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"{run_dir} is not a zerofit run directory (no config.yaml)")
+    return load_config(run_dir / "config.yaml")
+
+
+def find_checkpoint(run_dir: Path, step: int | None) -> Path:
+    """The newest complete checkpoint of a run (or the one at ``step``); UserError naming what exists."""
+    cfg = read_run_config(run_dir)
+    root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
+    found = step_dirs(root)
+    have = ", ".join(p.name for p in found) or "none"
+    if step is not None:
+        ckpt = step_dir(root, step)
+        if not ckpt.is_dir():
+            raise UserError(f"no checkpoint at step {step} under {root} (there: {have})")
+        if not (ckpt / manifest.MANIFEST).is_file():
+            raise UserError(f"checkpoint {ckpt} is incomplete (no {manifest.MANIFEST})")
+        return ckpt
+    done = complete_checkpoints(root)
+    if not done:
+        raise UserError(f"no complete checkpoint under {root} (step directories there: {have})")
+    return done[-1]
+
+
+def _set_dtype(config: Any, dtype: torch.dtype) -> None:
+    import transformers
+
+    v5 = int(transformers.__version__.split(".")[0]) >= 5  # 4.x calls it torch_dtype
+    setattr(config, "dtype" if v5 else "torch_dtype", dtype)
+
+
+def llama_config(args: dict[str, Any], eos_id: int | None) -> Any:
+    """The ``LlamaConfig`` of a built-in preset (its resolved ``LlamaArgs`` as a dict)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=args["vocab_size"],
+        hidden_size=args["dim"],
+        intermediate_size=args["ffn_dim"],
+        num_hidden_layers=args["n_layers"],
+        num_attention_heads=args["n_heads"],
+        num_key_value_heads=args["n_kv_heads"],
+        head_dim=args["dim"] // args["n_heads"],
+        max_position_embeddings=args["max_seq_len"],
+        rms_norm_eps=args["norm_eps"],
+        rope_theta=args["rope_theta"],
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=None,
+        architectures=["LlamaForCausalLM"],
+    )
+
+
+def hf_run_config(cfg: Config, meta: dict[str, Any]) -> Any:
+    """The run's Hugging Face config: its folder's, with the run's overrides applied."""
+    from zerofit.checkpoint.compat import first_difference
+    from zerofit.models.hf import _fingerprint, load_config
+
+    if not cfg.model.hf:
+        raise UserError("the checkpoint holds a Hugging Face model but config.yaml has no model.hf")
+    config = load_config(cfg.model.hf, cfg.model.overrides)
+    saved, now = meta.get("model", {}).get("config") or {}, _fingerprint(config)["config"]
+    common = saved.keys() & now.keys()  # another transformers version may add or drop keys
+    where = first_difference({k: saved[k] for k in common}, {k: now[k] for k in common})
+    if where is not None:
+        raise UserError(
+            f"{cfg.model.hf}/config.json changed since the run was trained ({where} differs)"
+        )
+    return config
+
+
+def hf_parameters(config: Any) -> tuple[str, dict[str, tuple[int, ...]], set[str]]:
+    """The model class name, its parameters' shapes in natural order, and tied aliases (lm_head)."""
+    from transformers import AutoModelForCausalLM
+
+    from zerofit.models.meta import meta_params
+
+    with meta_params():
+        model = AutoModelForCausalLM.from_config(config)
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - set(shapes)
+    return type(model).__name__, shapes, aliases
+
+
+def plan_tensors(view: NeutralView, config: Any, builtin: bool) -> list[tuple[str, str]]:
+    """(neutral key, Hugging Face name) for every tensor, in the HF model's order; checked.
+
+    Sets ``config.architectures`` when the config does not name its model class.
+    """
+    arch, shapes, aliases = hf_parameters(config)
+    config.architectures = getattr(config, "architectures", None) or [arch]
+    mapped: dict[str, str] = {}
+    for name in view.names():
+        hf = llama_to_hf(name) if builtin else name.removeprefix(HF_PREFIX)
+        if hf is None or (not builtin and not name.startswith(HF_PREFIX)):
+            raise UserError(f"checkpoint {view.where} has a parameter {name!r} foreign to the run")
+        if hf not in aliases:
+            mapped[hf] = MODEL + name
+    missing = [n for n in shapes if n not in mapped]
+    extra = [n for n in mapped if n not in shapes]
+    if missing or extra:
+        what = f"lacks {missing[0]}" if missing else f"has {extra[0]}, unknown to"
+        raise UserError(
+            f"checkpoint {view.where} {what} {arch} ({len(missing)} missing, {len(extra)} extra)"
+        )
+    for hf, key in mapped.items():
+        if view.entries[key][0] != shapes[hf]:
+            raise UserError(
+                f"checkpoint {view.where}: {key} has shape {view.entries[key][0]}, {arch} wants {shapes[hf]}"
+            )
+    return [(mapped[n], n) for n in shapes]
+
+
+def tokenizer_files(cfg: Config) -> tuple[dict[str, Path], str]:
+    """The run's tokenizer files (name in the export -> file), and a note saying what is exported."""
+    spec = cfg.data.tokenizer
+    if spec == "byte":
+        note = "none (byte tokenizer: ids 0-255 are UTF-8 bytes, 256 is EOS; no files)"
+        if cfg.model.hf and any((Path(cfg.model.hf) / n).is_file() for n in TOKENIZER_FILES):
+            note += f"; the tokenizer in {cfg.model.hf} was not used in training, so not copied"
+        return {}, note
+    path = Path(spec).expanduser()
+    folder = path if path.is_dir() else path.parent
+    main = path / "tokenizer.json" if path.is_dir() else path
+    if not main.is_file():
+        raise UserError(f"the run's tokenizer {main} (data.tokenizer) is not there any more")
+    extra = {n: folder / n for n in TOKENIZER_FILES[1:] if (folder / n).is_file()}
+    files = {"tokenizer.json": main, **extra}
+    return files, ", ".join(files)
+
+
+def plan_shards(sizes: list[int], max_bytes: int) -> list[list[int]]:
+    """Consecutive index groups of at most ``max_bytes`` (a larger tensor gets a shard alone)."""
+    shards: list[list[int]] = [[]]
+    used = 0
+    for i, size in enumerate(sizes):
+        if shards[-1] and used + size > max_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(i)
+        used += size
+    return shards
+
+
+def write_shards(
+    view: NeutralView, tensors: list[tuple[str, str]], shards: list[list[int]], dtype: torch.dtype, out: Path
+) -> dict[str, str]:  # fmt: skip
+    """Read, cast and write one shard at a time; returns the weight map (HF name -> file)."""
+    from safetensors.torch import save_file
+
+    weight_map = {}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")  # DCP's no_dist read
+        for k, shard in enumerate(shards, start=1):
+            fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+            batch = {}
+            for key, hf in (tensors[i] for i in shard):
+                batch[hf] = view.read(key, dtype).contiguous()
+                weight_map[hf] = fname
+            save_file(batch, str(out / fname), metadata={"format": "pt"})
+            del batch
+    return weight_map
+
+
+@dataclass
+class ExportPlan:
+    """Everything checked and decided before a byte is written."""
+
+    meta: dict[str, Any]
+    view: NeutralView
+    config: Any  # a transformers PretrainedConfig
+    tensors: list[tuple[str, str]]  # (neutral key, HF name), in the HF model's order
+    sizes: list[int]  # bytes of each tensor in the export dtype
+    tokenizer: dict[str, Path]  # file name in the export -> the run's file
+    tokenizer_note: str
+
+
+def plan_export(ckpt_dir: Path, run_dir: Path, dtype: str) -> ExportPlan:
+    """Validate the run and checkpoint (manifest, meta, every name and shape); plan the export."""
+    from zerofit.data import load_tokenizer
+
+    if dtype not in DTYPES:
+        raise UserError(f"unknown export dtype {dtype!r} (choices: {', '.join(DTYPES)})")
+    cfg = read_run_config(run_dir)
+    meta = verify(ckpt_dir)  # every byte against the manifest, then meta.json
+    view = NeutralView(open_reader(ckpt_dir / "model", meta["format"]), ckpt_dir)
+    model_meta = meta.get("model") or {}
+    builtin = model_meta.get("source", "hf" if cfg.model.hf else "zerofit-llama") != "hf"
+    files, note = tokenizer_files(cfg)
+    if builtin:
+        if "args" not in model_meta:
+            raise UserError(f"checkpoint {ckpt_dir}: meta.json does not describe the model")
+        config = llama_config(model_meta["args"], load_tokenizer(cfg.data.tokenizer).eos_id)
+    else:
+        config = hf_run_config(cfg, meta)
+    _set_dtype(config, DTYPES[dtype])
+    tensors = plan_tensors(view, config, builtin)
+    itemsize = DTYPES[dtype].itemsize
+    sizes = [itemsize * math.prod(view.entries[key][0]) for key, _ in tensors]
+    return ExportPlan(meta, view, config, tensors, sizes, files, note)
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out} already exists and is not empty")
+
+
+def export_checkpoint(
+    ckpt_dir: Path, run_dir: Path, out: Path, dtype: str = "bf16", max_shard_bytes: int = 5 * 2**30
+) -> dict[str, Any]:
+    """Write a Hugging Face folder for ``ckpt_dir`` (of the run in ``run_dir``) at ``out``."""
+    from transformers import GenerationConfig
+
+    out = out.resolve()
+    _check_out(out)
+    plan = plan_export(ckpt_dir, run_dir, dtype)
+    shards = plan_shards(plan.sizes, max_shard_bytes)
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        plan.config.save_pretrained(tmp)
+        GenerationConfig.from_model_config(plan.config).save_pretrained(tmp)
+        weight_map = write_shards(plan.view, plan.tensors, shards, DTYPES[dtype], tmp)
+        index = {"metadata": {"total_size": sum(plan.sizes)}, "weight_map": weight_map}
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        for name, src in plan.tokenizer.items():
+            shutil.copy2(src, tmp / name)
+        _check_out(out)
+        if out.is_dir():
+            out.rmdir()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {
+        "out": str(out), "checkpoint": str(ckpt_dir), "step": plan.meta["step"],
+        "architecture": plan.config.architectures[0], "tensors": len(plan.tensors),
+        "shards": len(shards), "total_bytes": sum(plan.sizes), "dtype": dtype,
+        "tokenizer_files": list(plan.tokenizer), "tokenizer": plan.tokenizer_note,
+    }  # fmt: skip

@@ -1,0 +1,290 @@
+"""`zerofit export`: checkpoints of every engine become Hugging Face folders that load in
+transformers and give the run's own eval loss on its held-out data."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import train_run, zerofit
+
+from zerofit.config import load_config
+from zerofit.data import eval_batches, load_tokenizer
+from zerofit.errors import UserError
+from zerofit.export import export_checkpoint, find_checkpoint, llama_to_hf, parse_size
+from zerofit.models.loss import cross_entropy
+from zerofit.trainer import build_inputs
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.dist
+
+LAST = 4  # train this many steps, evaluating (and checkpointing) at the last
+STEPS = {
+    "train": {"steps": LAST, "eval_every": LAST, "eval_batches": 2},
+    "data": {"max_tokens": 100_000},
+}
+HF_TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+}
+
+
+def write_tokenizer(directory: Path) -> None:
+    """A 400-token byte-level BPE trained here on a stdlib file, with ``</s>`` as EOS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([Path(json.__file__).read_text()], trainer)
+    tok.save(str(directory / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>"}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def hf_folder(directory: Path, config: object) -> Path:
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    return directory
+
+
+def hf_extra(model_dir: Path, tokenizer: str = "byte") -> dict:
+    return {
+        "model": {"preset": None, "hf": str(model_dir), "overrides": {}},
+        **STEPS,
+        "data": {"max_tokens": 100_000, "tokenizer": tokenizer},
+    }
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("export")
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp: Path) -> Path:
+    return train_run(tmp, "fsdp", STEPS, "--nproc", "2")
+
+
+@pytest.fixture(scope="module")
+def zero3_run(tmp: Path) -> Path:
+    extra = {
+        **STEPS,
+        "parallel": {"backend": "deepspeed", "deepspeed": {"stage": 3}},
+        "checkpoint": {"export_final": True, "export_dtype": "fp32"},  # exported as it ends
+    }
+    return train_run(tmp, "zero3", extra, "--nproc", "2")
+
+
+@pytest.fixture(scope="module")
+def llama_run(tmp: Path) -> Path:
+    """An untied HF Llama whose folder holds the tokenizer the run trains with."""
+    folder = hf_folder(tmp / "hf-llama", transformers.LlamaConfig(**HF_TINY))
+    write_tokenizer(folder)
+    return train_run(tmp, "llama", hf_extra(folder, str(folder)), "--nproc", "2")
+
+
+@pytest.fixture(scope="module")
+def qwen_run(tmp: Path) -> Path:
+    """A Qwen2 with tied embeddings (and q/k/v biases), byte tokenizer."""
+    config = transformers.Qwen2Config(**HF_TINY, tie_word_embeddings=True)
+    folder = hf_folder(tmp / "hf-qwen", config)
+    return train_run(tmp, "qwen", hf_extra(folder), "--nproc", "2")
+
+
+def logged_eval_loss(run: Path, step: int) -> float:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return next(r["eval_loss"] for r in records if r["step"] == step and "eval_loss" in r)
+
+
+@torch.no_grad()
+def hf_eval_loss(run: Path, model: torch.nn.Module, world_size: int) -> float:
+    """The trainer's eval loss, recomputed: mean over ranks of each rank's mean batch loss."""
+    cfg = load_config(run / "config.yaml")
+    val = build_inputs(cfg).data.val
+    per_rank = []
+    for rank in range(world_size):
+        batches = eval_batches(
+            val, cfg.train.micro_batch_size, rank, world_size, cfg.train.eval_batches
+        )
+        losses = [cross_entropy(model(input_ids=x).logits, y).item() for x, y in batches]
+        per_rank.append(sum(losses) / len(losses))
+    return sum(per_rank) / len(per_rank)
+
+
+def load(out: Path) -> torch.nn.Module:
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        out, output_loading_info=True, local_files_only=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert not info["mismatched_keys"], info
+    return model.eval()
+
+
+def check_export(run: Path, out: Path, dtype: str, rel: float, **kw: int) -> torch.nn.Module:
+    """Export (unless ``out`` is already there), load, compare the eval loss; returns the model."""
+    ckpt = find_checkpoint(run, None)
+    if not out.exists():
+        summary = export_checkpoint(ckpt, run, out, dtype, **kw)
+        assert summary["dtype"] == dtype and summary["step"] == LAST
+    model = load(out)
+    assert model.dtype == {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    meta = json.loads((ckpt / "meta.json").read_text())
+    got, want = hf_eval_loss(run, model, meta["world_size"]), logged_eval_loss(run, LAST)
+    diff = abs(got - want) / want
+    print(f"{run.name} {dtype}: HF eval loss {got:.7f}, run's {want:.7f}, rel diff {diff:.2e}")
+    assert diff < rel, (got, want)
+    return model
+
+
+def test_size_parsing_and_name_table() -> None:
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("20MiB") == 20 * 2**20
+    assert parse_size("1000") == 1000
+    assert llama_to_hf("layers.3.feed_forward.w1.weight") == "model.layers.3.mlp.gate_proj.weight"
+    assert llama_to_hf("layers.3.feed_forward.w2.weight") == "model.layers.3.mlp.down_proj.weight"
+    assert (
+        llama_to_hf("layers.0.ffn_norm.weight") == "model.layers.0.post_attention_layernorm.weight"
+    )
+    assert llama_to_hf("output.weight") == "lm_head.weight"
+    assert llama_to_hf("layers.0.attention.wq.bias") is None
+
+
+def test_builtin_fsdp_fp32_sharded(fsdp_run: Path, tmp: Path) -> None:
+    out = tmp / "fsdp-fp32"
+    model = check_export(fsdp_run, out, "fp32", 1e-5, max_shard_bytes=2 * 2**20)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(out.glob("model-*.safetensors"))
+    assert len(shards) > 1 and set(index["weight_map"].values()) == {p.name for p in shards}
+    assert all(p.stat().st_size <= 2 * 2**20 + 4096 for p in shards)  # header slack
+    assert list(index["weight_map"])[:2] == [
+        "model.embed_tokens.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+    ]
+    assert index["metadata"]["total_size"] == sum(p.numel() * 4 for p in model.parameters())
+    logged = logged_eval_loss(fsdp_run, LAST)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["eos_token_id"] == 256
+    assert not (out / "tokenizer.json").exists()
+    # Control: the interleaved RoPE layout (Meta's original checkpoints) would need q/k rows
+    # permuted per head; applying that permutation here must change the loss by far more.
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+                w = proj.weight
+                heads = w.shape[0] // model.config.head_dim
+                w.copy_(w.view(heads, 2, -1, w.shape[1]).transpose(1, 2).reshape(w.shape))
+    permuted = hf_eval_loss(fsdp_run, model, 2)
+    print(
+        f"q/k permuted: eval loss {permuted:.7f} (rel diff {abs(permuted - logged) / logged:.2e})"
+    )
+    assert abs(permuted - logged) / logged > 1e-4  # 10x the tolerance above
+    prompt = torch.tensor([list(b"def main():")])
+    generated = model.generate(prompt, max_new_tokens=4, do_sample=False)
+    assert generated.shape == (1, prompt.shape[1] + 4)
+
+
+def test_builtin_fsdp_bf16_through_the_cli(fsdp_run: Path, tmp: Path) -> None:
+    out = tmp / "fsdp-bf16"
+    proc = zerofit("export", str(fsdp_run), "--out", str(out), cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = proc.stdout.strip()
+    assert "\n" not in line and f"LlamaForCausalLM step {LAST}" in line and "bf16" in line, line
+    check_export(fsdp_run, out, "bf16", 1e-2)
+    assert not list(tmp.glob("fsdp-bf16.tmp-*"))
+
+
+@pytest.mark.parametrize("dtype,rel", [("fp32", 1e-5), ("bf16", 1e-2)])
+def test_deepspeed_zero3(zero3_run: Path, tmp: Path, dtype: str, rel: float) -> None:
+    # fp32: the folder `checkpoint.export_final` wrote at the end of training
+    out = zero3_run / "export" / f"step_{LAST:08d}" if dtype == "fp32" else tmp / "zero3-bf16"
+    if dtype == "fp32":
+        assert (out / "model.safetensors.index.json").is_file()
+    model = check_export(zero3_run, out, dtype, rel)
+    generated = model.generate(torch.tensor([[104, 105]]), max_new_tokens=3, do_sample=False)
+    assert generated.shape == (1, 5)
+
+
+def test_hf_llama_with_its_tokenizer(llama_run: Path, tmp: Path) -> None:
+    out = tmp / "llama-fp32"
+    check_export(llama_run, out, "fp32", 1e-5)
+    assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
+    tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    text = "def f(x):\n    return x + 1\n"
+    ours = load_tokenizer(str(tmp / "hf-llama")).encode(text).tolist()
+    assert tok(text, add_special_tokens=False).input_ids == ours
+    check_export(llama_run, tmp / "llama-bf16", "bf16", 1e-2)
+
+
+def test_hf_qwen2_tied(qwen_run: Path, tmp: Path) -> None:
+    out = tmp / "qwen-fp32"
+    model = check_export(qwen_run, out, "fp32", 1e-5)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert "lm_head.weight" not in index["weight_map"]
+    assert "model.layers.0.self_attn.q_proj.bias" in index["weight_map"]
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
+    check_export(qwen_run, tmp / "qwen-bf16", "bf16", 1e-2)
+
+
+def _fails(tmp: Path, *args: str) -> str:
+    proc = zerofit("export", *args, cwd=tmp)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def test_cli_errors(fsdp_run: Path, tmp: Path) -> None:
+    out = str(tmp / "never")
+    assert "no such run directory" in _fails(tmp, str(tmp / "nope"), "--out", out)
+    (tmp / "not-a-run").mkdir()
+    assert "not a zerofit run" in _fails(tmp, str(tmp / "not-a-run"), "--out", out)
+    with pytest.raises(UserError, match="no checkpoint at step 7 .*there: step_00000004"):
+        find_checkpoint(fsdp_run, 7)
+    full = tmp / "full-out"
+    full.mkdir()
+    (full / "x.txt").write_text("keep me")
+    assert "not empty" in _fails(tmp, str(fsdp_run), "--out", str(full))
+    assert (full / "x.txt").read_text() == "keep me"
+
+    broken = tmp / "broken"
+    shutil.copytree(fsdp_run, broken)
+    config = (broken / "config.yaml").read_text().replace(str(fsdp_run), str(broken))
+    (broken / "config.yaml").write_text(config)
+    for f in (broken / "checkpoints" / "step_00000004" / "model").glob("*.distcp"):
+        f.unlink()
+    assert "missing" in _fails(tmp, str(broken), "--out", out)
+    assert not (tmp / "never").exists() and not list(tmp.glob("never.tmp-*"))
+
+
+def test_a_failed_export_leaves_nothing(
+    fsdp_run: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import safetensors.torch
+
+    real, calls = safetensors.torch.save_file, []
+
+    def fail_on_second_shard(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", fail_on_second_shard)
+    out = tmp / "half"
+    with pytest.raises(OSError, match="disk full"):
+        export_checkpoint(find_checkpoint(fsdp_run, None), fsdp_run, out, "fp32", 2**20)
+    assert len(calls) == 2 and not out.exists() and not list(tmp.glob("half.tmp-*"))
