@@ -216,6 +216,7 @@ def test_resume_skips_a_damaged_newest_checkpoint_by_name(runs, tmp_path: Path) 
     proc = resume(tmp_path, run, "fsdp", None, "--resume")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "skipping damaged checkpoint step_00000003" in proc.stderr
+    assert "train.steps 3 -> 4: the cosine schedule is re-stretched to end at step 4" in proc.stderr
     assert "resuming from" in proc.stderr and "step_00000002" in proc.stderr
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(set(steps)) == [1, 2, 3, 4]  # one record per step
@@ -236,3 +237,38 @@ def test_no_ranks_state_is_needed_beyond_its_own_sha(tmp_path: Path) -> None:
     f = tmp_path / "x.bin"
     f.write_bytes(os.urandom(20_000_000))
     assert manifest.sha256_file(f) == (20_000_000, hashlib.sha256(f.read_bytes()).hexdigest())
+
+
+def test_export_refuses_a_planted_payload(runs, tmp_path: Path) -> None:  # noqa: ANN001
+    run = tmp_path / "run"
+    shutil.copytree(runs["z3"], run)
+    ckpt = run / "checkpoints" / "step_00000003"
+    marker = tmp_path / "PWNED"
+    plant(ckpt / "model" / "zero_pp_rank_0_mp_rank_00_optim_states.pt", marker)
+    rehash(ckpt)
+    proc = zerofit("export", str(run), "--out", str(tmp_path / "hf"), cwd=tmp_path)
+    assert not marker.exists()
+    assert_one_line_error(proc, "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_meta_step_must_match_the_directory(runs, tmp_path: Path) -> None:  # noqa: ANN001
+    _, ckpt = fresh_copy(runs["fsdp"], tmp_path)
+    meta = json.loads((ckpt / "meta.json").read_text())
+    (ckpt / "meta.json").write_text(json.dumps({**meta, "step": 1}))
+    rehash(ckpt)
+    with pytest.raises(UserError, match="meta.json says step 1, the directory step 3"):
+        verify(ckpt)
+
+
+def test_a_symlink_or_fifo_is_never_read(runs, tmp_path: Path) -> None:  # noqa: ANN001
+    _, ckpt = fresh_copy(runs["fsdp"], tmp_path)
+    target = ckpt / "model" / "__1_0.distcp"
+    target.rename(tmp_path / "elsewhere")
+    target.symlink_to(tmp_path / "elsewhere")  # same bytes, but not a file of the checkpoint
+    with pytest.raises(UserError, match="__1_0.distcp is not a regular file"):
+        verify(ckpt)
+    target.unlink()
+    os.mkfifo(target)  # reading it would block forever
+    with pytest.raises(UserError, match="__1_0.distcp"):
+        verify(ckpt)

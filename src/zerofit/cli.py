@@ -52,6 +52,22 @@ def split_overrides(rest: list[str]) -> list[str]:
     return out
 
 
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    export = sub.add_parser(
+        "export",
+        help="write a Hugging Face model folder from a checkpoint (offline)",
+        description="Write config.json, safetensors shards and the tokenizer files of a run's "
+        "checkpoint (any engine) as a folder that transformers' from_pretrained loads.",
+    )
+    export.add_argument("run_dir", help="a zerofit run directory")
+    export.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
+    export.add_argument("--out", required=True, help="output directory (must not hold files)")
+    export.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    export.add_argument(
+        "--max-shard-size", default="5GiB", help="largest safetensors file (e.g. 5GB, 500MB)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zerofit", description="Train LLMs with FSDP2 or DDP behind one config."
@@ -144,19 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", help="check a run directory: sharding, dtypes, batch, environment, memory"
     )
     doctor.add_argument("run_dir", help="a zerofit run directory")
-    export = sub.add_parser(
-        "export",
-        help="write a Hugging Face model folder from a checkpoint (offline)",
-        description="Write config.json, safetensors shards and the tokenizer files of a run's "
-        "checkpoint (any engine) as a folder that transformers' from_pretrained loads.",
-    )
-    export.add_argument("run_dir", help="a zerofit run directory")
-    export.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
-    export.add_argument("--out", required=True, help="output directory (must not hold files)")
-    export.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
-    export.add_argument(
-        "--max-shard-size", default="5GiB", help="largest safetensors file (e.g. 5GB, 500MB)"
-    )
+    _add_export(sub)
     return parser
 
 

@@ -142,14 +142,23 @@ class Trainer:
         )
         agreed(self.ctx, lambda: self.backend.check_restorable(path / "model", saved))
         self.backend.restore(path / "model", saved)
-        self.loader.load_state_dict(state["data"])  # a global position: the same on every rank
-        if saved["backend"] == self.cfg.parallel.backend:
-            self.backend.load_extra_state(state["backend"])  # e.g. the fp16 loss scale
-        if own:
-            ckpt.rank_state.set_rng_state(state["rng"])
-        else:  # another world size: fresh per-rank streams, still a function of seed, rank, step
-            torch.manual_seed(self.cfg.train.seed + self.ctx.rank + 1_000_003 * saved["step"])
+        agreed(self.ctx, lambda: self._apply_rank_state(path, saved, state, own))
         self.step = saved["step"]
+
+    def _apply_rank_state(self, path: Path, saved: dict, state: dict, own: bool) -> None:
+        name = f"rank{self.ctx.rank if own else 0}.json"
+        try:
+            self.loader.load_state_dict(state["data"])  # a global position: the same everywhere
+            if saved["backend"] == self.cfg.parallel.backend:
+                self.backend.load_extra_state(state["backend"])  # e.g. the fp16 loss scale
+            if own:
+                ckpt.rank_state.set_rng_state(state["rng"])
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
+            raise UserError(
+                f"checkpoint {path}: {name} holds a malformed state ({e!r:.200})"
+            ) from None
+        if not own:  # another world size: fresh per-rank streams, a function of seed, rank, step
+            torch.manual_seed(self.cfg.train.seed + self.ctx.rank + 1_000_003 * saved["step"])
 
     def save(self) -> Path:
         state = {

@@ -67,10 +67,20 @@ def read_meta(ckpt: Path) -> dict[str, Any]:
         raise UnsafeCheckpointError(f"checkpoint {ckpt} has no meta.json") from None
     except (OSError, ValueError, UnicodeDecodeError):
         raise UnsafeCheckpointError(f"checkpoint {ckpt}: meta.json is not valid JSON") from None
+    if not isinstance(meta, dict):
+        raise UnsafeCheckpointError(f"checkpoint {ckpt}: meta.json is not a JSON object")
     missing = [k for k in ("step", "backend", "format", "world_size") if k not in meta]
-    if not isinstance(meta, dict) or missing or not isinstance(meta.get("step"), int):
+    if missing:
+        raise UnsafeCheckpointError(f"checkpoint {ckpt}: meta.json lacks {', '.join(missing)}")
+    for key in ("step", "world_size"):
+        if not isinstance(meta[key], int) or isinstance(meta[key], bool) or meta[key] < 0:
+            raise UnsafeCheckpointError(
+                f"checkpoint {ckpt}: meta.json has a bad {key}: {meta[key]!r}"
+            )
+    match = _STEP_DIR.match(ckpt.name)
+    if match and int(match.group(1)) != meta["step"]:
         raise UnsafeCheckpointError(
-            f"checkpoint {ckpt}: meta.json lacks {', '.join(missing) or 'an integer step'}"
+            f"checkpoint {ckpt}: meta.json says step {meta['step']}, the directory step {int(match.group(1))}"
         )
     return meta
 
@@ -85,7 +95,14 @@ def select_checkpoint(root: Path) -> tuple[Path, dict[str, Any], list[str]]:
     """The newest checkpoint under ``root`` that verifies, its meta, and one line per newer
     checkpoint that was skipped (damaged or incomplete). UserError when none verifies."""
     skipped: list[str] = []
-    for ckpt in reversed(step_dirs(root)):
+    committed = step_dirs(root)
+    newest = committed[-1].name if committed else ""
+    for tmp in sorted(root.glob("step_*.tmp")) if root.is_dir() else []:
+        if tmp.name[: -len(".tmp")] > newest:
+            skipped.append(
+                f"ignoring {tmp.name}: a save that never finished (it is not a checkpoint)"
+            )
+    for ckpt in reversed(committed):
         try:
             return ckpt, verify(ckpt), skipped
         except UserError as e:

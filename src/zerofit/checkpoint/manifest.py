@@ -122,6 +122,8 @@ def verify(ckpt: Path, threads: int | None = None) -> None:
     for rel in sorted(files):
         if rel not in present:
             raise UnsafeCheckpointError(f"checkpoint {ckpt}: {rel} is missing")
+        if (ckpt / rel).is_symlink() or not (ckpt / rel).is_file():
+            raise UnsafeCheckpointError(f"checkpoint {ckpt}: {rel} is not a regular file")
         size = (ckpt / rel).stat().st_size
         if size != files[rel]["size"]:
             raise UnsafeCheckpointError(
