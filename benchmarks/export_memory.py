@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--overrides", default="{}", help="JSON dict of LlamaArgs overrides")
     parser.add_argument("--backend", default="fsdp", help="engine that writes the checkpoint")
     parser.add_argument("--work", default=None, help="working directory (default: a temp dir)")
+    parser.add_argument("--json", default=None, help="also write every measurement to this file")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -104,9 +105,13 @@ def main() -> None:
     fixed = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
     print(f"{'dtype':>5} {'shard limit':>11} {'model':>9} {'shards':>6} {'largest':>9} "
           f"{'RSS before':>10} {'peak':>8} {'peak - before':>13} {'same, fixed mmap threshold':>26}")  # fmt: skip
+    rows = []
     for i, (dtype, shard) in enumerate([("fp32", 20 * MB), ("bf16", 20 * MB), ("fp32", 2**40)]):
         r = measure(run, work / f"out{i}", dtype, shard)
         pinned = measure(run, work / f"out{i}-fixed", dtype, shard, fixed)
+        rows.append(
+            {"dtype": dtype, "shard_limit": shard, "default": r, "fixed_mmap_threshold": pinned}
+        )
         files = list((work / f"out{i}").glob("model-*.safetensors"))
         largest = max(f.stat().st_size for f in files)
         limit = "none" if shard >= 2**40 else f"{shard / MB:.0f} MiB"
@@ -117,6 +122,13 @@ def main() -> None:
             f"{(pinned['peak'] - pinned['rss_before']) / MB:>22.1f} MiB"
         )
     print(f"work directory: {work}")
+    if args.json:
+        meta = {
+            "preset": args.preset,
+            "overrides": json.loads(args.overrides),
+            "backend": args.backend,
+        }
+        Path(args.json).write_text(json.dumps({**meta, "rows": rows}, indent=1, default=str))
 
 
 if __name__ == "__main__":
