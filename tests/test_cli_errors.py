@@ -118,3 +118,39 @@ def test_help_documents_every_option(capsys) -> None:
     for key, _, text in field_help():
         assert text and f"--{key} " in out and text in out, key
     assert "--nproc" in out and "--resume" in out and "--rdzv-endpoint" in out
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("optim.lr=inf", "optim.lr must be a finite number > 0, got inf"),
+        ("optim.lr=.nan", "optim.lr must be a finite number > 0, got nan"),
+        ("optim.eps=0", "optim.eps must be a finite number > 0, got 0"),
+        ("optim.eps=-1", "optim.eps must be a finite number > 0"),
+        ("optim.weight_decay=.nan", "optim.weight_decay must be finite"),
+        ("optim.grad_clip=.nan", "optim.grad_clip must be a finite number > 0, or null, got nan"),
+        ("optim.min_lr_ratio=2", "optim.min_lr_ratio must be in [0, 1], got 2"),
+    ],
+)
+def test_optimizer_values_that_cannot_train(capsys, override: str, needle: str) -> None:
+    err = run_main(capsys, "--nproc", "1", f"--{override}")
+    assert needle in err, err
+
+
+def test_run_and_checkpoint_dirs_are_checked_before_training(capsys, tmp_path: Path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    cases = [
+        (["--log.run_dir", str(a_file)], "log.run_dir: "),
+        (["--log.run_dir", str(a_file / "sub")], "is not a writable directory"),
+        (["--log.run_dir", "/proc/zerofit-run"], "is not a writable directory"),
+        (
+            ["--log.run_dir", str(tmp_path / "r"), "--checkpoint.dir", str(a_file)],
+            "checkpoint.dir: ",
+        ),
+        (["--log.run_dir", "a\x00b"], "log.run_dir: the path contains a NUL byte"),
+        (["--log.run_dir", "x" * 100_000], "log.run_dir: the path is too long (100000 characters"),
+    ]
+    for args, needle in cases:
+        err = run_main(capsys, "--nproc", "1", *args)
+        assert needle in err and len(err) < 600, err

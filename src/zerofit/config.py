@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -258,6 +259,49 @@ def with_fields(cfg: Config, updates: dict[str, Any]) -> Config:
 # ----------------------------------------------------------------------------- validation
 
 
+def _check_optim(o: Any) -> None:
+    """Values AdamW cannot train with (NaN and inf fail every comparison, so each test is a
+    positive one): refused before anything starts."""
+    finite = math.isfinite
+    if not (finite(o.lr) and o.lr > 0):
+        raise UserError(f"optim.lr must be a finite number > 0, got {o.lr}")
+    if not all(finite(b) and 0.0 <= b < 1.0 for b in o.betas):
+        raise UserError(f"optim.betas must be in [0, 1), got {list(o.betas)}")
+    if not (finite(o.eps) and o.eps > 0):
+        raise UserError(f"optim.eps must be a finite number > 0, got {o.eps}")
+    if not (finite(o.weight_decay) and 0 <= o.weight_decay < 1 / o.lr):
+        raise UserError(
+            f"optim.weight_decay must be finite, >= 0 and below 1/lr (AdamW multiplies weights by "
+            f"1 - lr x weight_decay each step), got {o.weight_decay}"
+        )
+    if not (finite(o.min_lr_ratio) and 0 <= o.min_lr_ratio <= 1):
+        raise UserError(f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio}")
+    if o.grad_clip is not None and not (finite(o.grad_clip) and o.grad_clip > 0):
+        raise UserError(f"optim.grad_clip must be a finite number > 0, or null, got {o.grad_clip}")
+
+
+def _check_paths(cfg: Config) -> None:
+    """A NUL byte cannot be in a path (the OS would raise deep inside a worker)."""
+    sources = cfg.data.source if isinstance(cfg.data.source, list) else [cfg.data.source]
+    for name, value in [
+        ("model.hf", cfg.model.hf),
+        ("data.tokenizer", cfg.data.tokenizer),
+        ("log.run_dir", cfg.log.run_dir),
+        ("checkpoint.dir", cfg.checkpoint.dir),
+        *(("data.source", v) for v in sources),
+    ]:
+        if not isinstance(value, str):
+            continue
+        if "\x00" in value:
+            raise UserError(f"{name}: the path contains a NUL byte: {value[:200]!r}")
+        longest = max((len(part.encode()) for part in value.split("/")), default=0)
+        if len(value.encode()) > 4096 or longest > 255:
+            raise UserError(
+                f"{name}: the path is too long ({len(value)} characters; a name may have 255 "
+                f"bytes, a path 4096): {value[:100]!r}..."
+            )
+
+
 def validate(cfg: Config) -> None:
     """Checks that need no hardware or world size (those live in `check_world`)."""
     m, t, o, p = cfg.model, cfg.train, cfg.optim, cfg.parallel
@@ -289,12 +333,8 @@ def validate(cfg: Config) -> None:
         raise UserError("checkpoint.export_final exports the final checkpoint: it needs save_final")
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise UserError(f"data.val_fraction must be in [0, 1), got {cfg.data.val_fraction}")
-    if o.lr <= 0:
-        raise UserError(f"optim.lr must be > 0, got {o.lr}")
-    if not all(0.0 <= b < 1.0 for b in o.betas):
-        raise UserError(f"optim.betas must be in [0, 1), got {list(o.betas)}")
-    if o.grad_clip is not None and o.grad_clip <= 0:
-        raise UserError(f"optim.grad_clip must be > 0 or null, got {o.grad_clip}")
+    _check_optim(o)
+    _check_paths(cfg)
     from zerofit.backends import backend_names  # late: backends import torch
 
     if p.backend not in [*backend_names(), "auto"]:

@@ -53,6 +53,24 @@ def check_nproc(nproc: int) -> None:
         raise UserError(f"--nproc {nproc} but only {torch.cuda.device_count()} GPU(s) are visible")
 
 
+def ensure_writable_dir(path: Path, what: str) -> None:
+    """Create ``path`` and prove it takes a file, now rather than at the first save."""
+    shown = str(path)[:200] + ("..." if len(str(path)) > 200 else "")
+    if "\x00" in str(path):
+        raise UserError(f"{what}: the path contains a NUL byte: {shown!r}")
+    try:
+        if path.exists() and not path.is_dir():
+            raise UserError(f"{what}: {shown} exists and is not a directory")
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".zerofit-write-test-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(
+            f"{what}: {shown} is not a writable directory ({e.strerror or e})"
+        ) from None
+
+
 def _ckpt_root(cfg: Config, run_dir: Path) -> Path:
     return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
 
@@ -142,7 +160,8 @@ def prepare_run(
         name = "config.yaml"
     cfg = replace(cfg, log=replace(cfg.log, run_dir=str(run_dir)))
     if create:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        ensure_writable_dir(run_dir, "log.run_dir")
+        ensure_writable_dir(_ckpt_root(cfg, run_dir), "checkpoint.dir")
         config_file = run_dir / name
     else:  # a non-zero node of a multi-node run: keep the resolved config local
         config_file = Path(tempfile.mkdtemp(prefix="zerofit-")) / name

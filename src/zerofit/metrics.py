@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import resource
 import sys
 import time
@@ -128,6 +129,14 @@ class StepTimer:
         return [b - a for a, b in pairs]
 
 
+def strict_json(record: dict[str, Any]) -> dict[str, Any]:
+    """NaN and inf are not JSON: write them as null, and name them under ``nonfinite``."""
+    bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
+    if not bad:
+        return record
+    return {**{k: (None if k in bad else v) for k, v in record.items()}, "nonfinite": bad}
+
+
 class MetricsSink:
     """Rank 0 writes metrics.jsonl and (optionally) TensorBoard events into the run directory."""
 
@@ -142,7 +151,7 @@ class MetricsSink:
 
     def write(self, record: dict[str, Any]) -> None:
         if self.file:
-            self.file.write(json.dumps(record) + "\n")
+            self.file.write(json.dumps(strict_json(record), allow_nan=False) + "\n")
             self.file.flush()
         if self.tb:
             step = record["step"]
