@@ -63,7 +63,7 @@ def test_override_beats_file(tmp_path: Path) -> None:
         ({"model": {"preset": None}}, "exactly one of model.preset and model.hf"),
         ({"model": {"hf": "x"}}, "exactly one of model.preset and model.hf"),
         ({"optim": {"betas": [0.9]}}, "optim.betas: expected 2 values"),
-        ({"optim": {"lr": -1}}, "optim.lr must be > 0"),
+        ({"optim": {"lr": -1}}, "optim.lr must be a finite number > 0"),
         ({"train": {"steps": True}}, "train.steps: expected an integer"),
         ({"data": {"val_fraction": 1.5}}, "data.val_fraction must be in [0, 1)"),
         ({"parallel": {"wrap": "layer"}}, "parallel.wrap: 'layer' is not one of block, size"),
