@@ -23,7 +23,14 @@ from typing import Any
 
 import torch
 
-from zerofit.checkpoint import complete_checkpoints, manifest, step_dir, step_dirs, verify
+from zerofit.checkpoint import (
+    checkpoint_root,
+    complete_checkpoints,
+    manifest,
+    step_dir,
+    step_dirs,
+    verify,
+)
 from zerofit.checkpoint.neutral import MODEL, NeutralView, open_reader
 from zerofit.config import Config, load_config
 from zerofit.errors import UserError
@@ -87,7 +94,7 @@ def read_run_config(run_dir: Path) -> Config:
 def find_checkpoint(run_dir: Path, step: int | None) -> Path:
     """The newest complete checkpoint of a run (or the one at ``step``); UserError naming what exists."""
     cfg = read_run_config(run_dir)
-    root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
+    root = checkpoint_root(cfg.checkpoint.dir, run_dir)
     found = step_dirs(root)
     have = ", ".join(p.name for p in found) or "none"
     if step is not None:

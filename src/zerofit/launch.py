@@ -71,10 +71,6 @@ def ensure_writable_dir(path: Path, what: str) -> None:
         ) from None
 
 
-def _ckpt_root(cfg: Config, run_dir: Path) -> Path:
-    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
-
-
 def _find_resume(cfg: Config, resume: str) -> tuple[Path, Path, dict, list[str]]:
     """(run_dir, checkpoint, its meta, skip notes) for --resume [PATH].
 
@@ -87,10 +83,10 @@ def _find_resume(cfg: Config, resume: str) -> tuple[Path, Path, dict, list[str]]
         if (path / "model").is_dir() or (path / "meta.json").exists():  # <run>/checkpoints/step_N
             run_dir = Path(cfg.log.run_dir) if cfg.log.run_dir else path.parent.parent
             return run_dir, path, ckpt.verify(path), []
-        return (path, *ckpt.select_checkpoint(_ckpt_root(cfg, path)))
+        return (path, *ckpt.select_checkpoint(ckpt.checkpoint_root(cfg.checkpoint.dir, path)))
     if cfg.log.run_dir:
         run_dir = Path(cfg.log.run_dir)
-        return (run_dir, *ckpt.select_checkpoint(_ckpt_root(cfg, run_dir)))
+        return (run_dir, *ckpt.select_checkpoint(ckpt.checkpoint_root(cfg.checkpoint.dir, run_dir)))
     runs = sorted(
         (p for p in Path("runs").glob("*") if ckpt.step_dirs(p / "checkpoints")),
         key=lambda p: p.stat().st_mtime,
@@ -161,7 +157,7 @@ def prepare_run(
     cfg = replace(cfg, log=replace(cfg.log, run_dir=str(run_dir)))
     if create:
         ensure_writable_dir(run_dir, "log.run_dir")
-        ensure_writable_dir(_ckpt_root(cfg, run_dir), "checkpoint.dir")
+        ensure_writable_dir(ckpt.checkpoint_root(cfg.checkpoint.dir, run_dir), "checkpoint.dir")
         config_file = run_dir / name
     else:  # a non-zero node of a multi-node run: keep the resolved config local
         config_file = Path(tempfile.mkdtemp(prefix="zerofit-")) / name

@@ -96,7 +96,7 @@ class Trainer:
         backend_cls = get_backend(cfg.parallel.backend)
         self.backend: Backend = backend_cls(ctx, cfg)
         self.backend.setup(self.spec, cfg.model.init_seed)
-        self.ckpt_root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
+        self.ckpt_root = ckpt.checkpoint_root(cfg.checkpoint.dir, run_dir)
         self.meta = checkpoint_meta(cfg, self.spec, ctx.world_size)
         self.step = 0
         self.write_sharding_report()

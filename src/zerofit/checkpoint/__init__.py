@@ -27,6 +27,7 @@ from zerofit.errors import UserError
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 __all__ = [
     "UnsafeCheckpointError",
+    "checkpoint_root",
     "complete_checkpoints",
     "latest_checkpoint",
     "read_meta",
@@ -34,6 +35,11 @@ __all__ = [
     "select_checkpoint",
     "step_dir",
 ]
+
+
+def checkpoint_root(checkpoint_dir: str | None, run_dir: Path) -> Path:
+    """Where a run's checkpoints live: ``checkpoint.dir``, else ``<run_dir>/checkpoints``."""
+    return Path(checkpoint_dir) if checkpoint_dir else run_dir / "checkpoints"
 
 
 def step_dir(root: Path, step: int) -> Path:
