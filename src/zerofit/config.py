@@ -315,6 +315,7 @@ def validate(cfg: Config) -> None:
         ("parallel.replicate_degree", p.replicate_degree),
         ("parallel.ac_every", p.ac_every),
         ("log.every", cfg.log.every),
+        ("train.max_skipped_steps", t.max_skipped_steps),
     ]:
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
@@ -324,6 +325,7 @@ def validate(cfg: Config) -> None:
         ("optim.warmup_steps", o.warmup_steps),
         ("model.loss_chunk", m.loss_chunk),
         ("parallel.prefetch", p.prefetch),
+        ("train.max_restarts", t.max_restarts),
     ]:
         if value < 0:
             raise UserError(f"{name} must be >= 0, got {value}")

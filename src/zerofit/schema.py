@@ -59,6 +59,14 @@ class TrainConfig:
     eval_every: A[int, "eval loss every N steps (0: never)"] = 50
     eval_batches: A[int, "micro-batches per rank in one eval"] = 4
     seed: A[int, "seed of the per-rank torch RNG"] = 0
+    on_nonfinite: A[
+        Literal["stop", "skip"],
+        "a NaN/inf loss or gradient norm: stop the run, or skip that update",
+    ] = "stop"
+    max_skipped_steps: A[int, "skip: stop after this many non-finite steps in a row"] = 10
+    max_restarts: A[
+        int, "restart the workers after a failure, resuming from the last good checkpoint"
+    ] = 0
 
 
 @dataclass
