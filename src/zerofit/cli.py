@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from zerofit.config import field_help, load_config
@@ -33,20 +36,25 @@ def _options_epilog() -> str:
 
 
 def split_overrides(rest: list[str]) -> list[str]:
-    """['--train.steps', '100', '--optim.lr=3e-4'] -> ['train.steps=100', 'optim.lr=3e-4']."""
+    """['--train.steps', '100', '--optim.lr=3e-4'] -> ['train.steps=100', 'optim.lr=3e-4'].
+
+    Each `--section.key` names a field under a section; whether the config file has a mapping
+    there is checked when they are merged (`zerofit.config.load_config`)."""
+    from zerofit.limits import shown
+
     out, i = [], 0
     while i < len(rest):
         tok = rest[i]
         if not tok.startswith("--") or "." not in tok.split("=", 1)[0]:
             raise UserError(
-                f"unrecognized argument '{tok}' (config overrides look like --train.steps 100)"
+                f"unrecognized argument {shown(tok)} (config overrides look like --train.steps 100)"
             )
         if "=" in tok:
             out.append(tok[2:])
             i += 1
         else:
             if i + 1 >= len(rest):
-                raise UserError(f"{tok} needs a value")
+                raise UserError(f"{shown(tok)} needs a value")
             out.append(f"{tok[2:]}={rest[i + 1]}")
             i += 2
     return out
@@ -309,7 +317,11 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
 
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     prep = prepare_run(cfg, opts, nproc * args.nnodes, device_type, create=args.node_rank == 0)
-    code = spawn(prep, opts, nproc)
+    try:
+        code = spawn(prep, opts, nproc)
+    finally:
+        if args.node_rank != 0:  # the config copy of a non-zero node lives in a temp dir
+            shutil.rmtree(prep.config_file.parent, ignore_errors=True)
     if code == 0 and args.node_rank == 0:
         _print_summary(prep.run_dir)
         _export_final(prep.cfg, prep.run_dir)
@@ -333,32 +345,23 @@ def _export_final(cfg, run_dir: Path) -> None:  # noqa: ANN001
 
 
 def _train_joined(cfg, opts) -> int:  # noqa: ANN001
-    """Started by an external torchrun/srun: rank 0 prepares the run, then every rank trains."""
-    from zerofit.dist import init_distributed, shutdown
-    from zerofit.launch import prepare_run
-    from zerofit.trainer import run_training
+    """Started by an external torchrun/srun: this process is one rank (zerofit.worker)."""
+    from zerofit.worker import train_joined
 
-    ctx = init_distributed(cfg.parallel.replicate_degree)
-    result: object = None
-    if ctx.is_main:
-        try:
-            result = prepare_run(cfg, opts, ctx.world_size, ctx.device.type)
-        except UserError as e:
-            result = e
-    result = ctx.broadcast_object(result)
-    try:
-        if isinstance(result, UserError):
-            raise result
-        run_training(result.cfg, result.run_dir, result.resume_from)  # type: ignore[union-attr]
-    finally:
-        shutdown()
-    if ctx.is_main:
-        _print_summary(result.run_dir)  # type: ignore[union-attr]
-        _export_final(result.cfg, result.run_dir)  # type: ignore[union-attr]
-    return 0
+    code, prep = train_joined(cfg, opts)
+    if code == 0 and prep is not None:  # rank 0
+        _print_summary(prep.run_dir)
+        _export_final(prep.cfg, prep.run_dir)
+    return code
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)  # until workers start and take over
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
@@ -376,8 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as e:  # before any worker started (they handle their own signals)
+        signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
+        print(
+            f"stopped by {signal.Signals(signum).name} before training started; nothing was lost",
+            file=sys.stderr,
+        )
+        return 128 + signum
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
-import math
+import functools
 import types
 import typing
 from pathlib import Path
@@ -19,6 +19,14 @@ from typing import Any, Literal
 import yaml
 
 from zerofit.errors import UserError
+from zerofit.limits import (
+    MAX_PATH_LEVELS,
+    MAX_STRING,
+    check_deepspeed,
+    check_optim,
+    check_ranges,
+    shown,
+)
 from zerofit.schema import (  # noqa: F401  (re-exported: the schema is part of this module's API)
     CheckpointConfig,
     Config,
@@ -31,8 +39,15 @@ from zerofit.schema import (  # noqa: F401  (re-exported: the schema is part of 
     PrecisionConfig,
     TrainConfig,
 )
+from zerofit.yaml_safe import load_yaml_file, load_yaml_text
 
 # ----------------------------------------------------------------------------- conversion
+
+
+@functools.cache
+def _type_hints(cls: type, extras: bool = False) -> dict[str, Any]:
+    """A dataclass's resolved annotations (evaluating them is slow; the schema never changes)."""
+    return typing.get_type_hints(cls, include_extras=extras)
 
 
 def _type_name(tp: Any) -> str:
@@ -55,16 +70,18 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             except UserError as e:
                 errors.append(str(e))
         raise UserError(
-            errors[-1] if len(errors) == 1 else f"{path}: {value!r} is not a valid {_type_name(tp)}"
+            errors[-1]
+            if len(errors) == 1
+            else f"{path}: {shown(value)} is not a valid {_type_name(tp)}"
         )
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
-            raise UserError(f"{path}: {value!r} is not one of {', '.join(map(str, choices))}")
+            raise UserError(f"{path}: {shown(value)} is not one of {', '.join(map(str, choices))}")
         return value
     if origin in (list, tuple):
         if not isinstance(value, list | tuple):
-            raise UserError(f"{path}: expected a list, got {value!r}")
+            raise UserError(f"{path}: expected a list, got {shown(value)}")
         args = typing.get_args(tp)
         if origin is tuple and len(args) != len(value):
             raise UserError(f"{path}: expected {len(args)} values, got {len(value)}")
@@ -76,7 +93,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         return tuple(out) if origin is tuple else out
     if origin is dict:
         if not isinstance(value, dict):
-            raise UserError(f"{path}: expected a mapping, got {value!r}")
+            raise UserError(f"{path}: expected a mapping, got {shown(value)}")
         return dict(value)
     if dataclasses.is_dataclass(tp):
         return _from_dict(tp, value, path)
@@ -85,16 +102,17 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise UserError(f"{path}: expected true or false, got {value!r}")
+        raise UserError(f"{path}: expected true or false, got {shown(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        number = value
         if isinstance(value, str):  # '5e7' (YAML 1.1 reads it as a string): bucket sizes
             with contextlib.suppress(ValueError):
-                value = float(value)
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise UserError(f"{path}: expected an integer, got {value!r}")
+                number = float(value)
+        if isinstance(number, float) and number.is_integer():
+            return int(number)
+        raise UserError(f"{path}: expected an integer, got {shown(value)}")
     if tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
@@ -103,26 +121,40 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise UserError(f"{path}: expected a number, got {value!r}")
+        raise UserError(f"{path}: expected a number, got {shown(value)}")
     if tp is str:
         if isinstance(value, str):
-            return value
-        raise UserError(f"{path}: expected a string, got {value!r}")
+            return _check_text(value, path)
+        raise UserError(f"{path}: expected a string, got {shown(value)}")
     raise TypeError(f"unsupported annotation {tp!r} at {path}")
+
+
+def _check_text(value: str, path: str) -> str:
+    """A config string: at most MAX_STRING characters, all printable (a path or a name never
+    needs a control, format or line-break character, and each would break an error line)."""
+    if len(value) > MAX_STRING:
+        raise UserError(
+            f"{path}: too long ({len(value)} characters; at most {MAX_STRING}): {shown(value)}"
+        )
+    if not value.isprintable():
+        i, ch = next((i, c) for i, c in enumerate(value) if not c.isprintable())
+        what = "a NUL byte" if ch == "\x00" else f"the non-printable character {ch!r}"
+        raise UserError(f"{path}: contains {what} at position {i}: {shown(value)}")
+    return value
 
 
 def _from_dict(cls: type, data: Any, path: str) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise UserError(f"{path or 'config'}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
+        raise UserError(f"{path or 'config'}: expected a mapping, got {shown(data)}")
+    hints = _type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in data.items():
         dotted = f"{path}.{key}" if path else str(key)
         if key not in names:
-            raise UserError(f"unknown config key '{dotted}'{_suggest(str(key), names, path)}")
+            raise UserError(f"unknown config key {shown(dotted)}{_suggest(str(key), names, path)}")
         kwargs[key] = _convert(value, hints[key], dotted)
     return cls(**kwargs)
 
@@ -155,22 +187,22 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
-            raise UserError(f"override '{item}' must look like section.key=value")
+            raise UserError(f"override {shown(item)} must look like section.key=value")
         key, raw = item.split("=", 1)
         parts = key.strip().lstrip("-").split(".")
         if len(parts) < 2 or not all(parts):
             raise UserError(
-                f"override '{item}' must name a section and a key, e.g. train.steps=100"
+                f"override {shown(item)} must name a section and a key, e.g. train.steps=100"
             )
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
+            value = load_yaml_text(raw, "an override") if raw.strip() else None
+        except UserError:  # not YAML (or past a limit): the text itself, checked as a string
             value = raw
         node = tree
         for p in parts[:-1]:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
-                raise UserError(f"override '{item}' conflicts with another override")
+                raise UserError(f"override {shown(item)} conflicts with another override")
         node[parts[-1]] = value
     return tree
 
@@ -188,28 +220,39 @@ def deep_merge(
     return out
 
 
+def _check_mergeable(base: dict[str, Any], extra: dict[str, Any], path: str = "") -> None:
+    """Overrides below a key need a mapping (or nothing) there: `train: [1, 2]` in the file and
+    `--train.steps 5` is an error, not a silent replacement of the file's value."""
+    for k, v in extra.items():
+        dotted = f"{path}{k}"
+        old = base.get(k)
+        if not isinstance(v, dict) or k == "overrides" or old is None:
+            continue
+        if not isinstance(old, dict):
+            raise UserError(
+                f"{dotted}: expected a mapping, got {shown(old)} (so --{dotted}.* cannot apply)"
+            )
+        _check_mergeable(old, v, dotted + ".")
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"config file not found: {p}")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or "invalid YAML"
-        raise UserError(f"bad YAML in {p}{where}: {problem}") from None
+    """The config file's mapping of sections, read under the limits of `zerofit.yaml_safe`."""
+    data = load_yaml_file(path)
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise UserError(f"{p}: the top level must be a mapping of sections")
+        raise UserError(
+            f"{shown(str(path), quote=False)}: the top level must be a mapping of sections"
+        )
     return data
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Load a YAML config (or the embedded defaults when path is None), apply dotted overrides."""
     data = read_yaml(path) if path else {}
-    data = deep_merge(data, parse_overrides(overrides or []), frozenset({"overrides"}))
+    extra = parse_overrides(overrides or [])
+    _check_mergeable(data, extra)
+    data = deep_merge(data, extra, frozenset({"overrides"}))
     return config_from_dict(data)
 
 
@@ -259,89 +302,59 @@ def with_fields(cfg: Config, updates: dict[str, Any]) -> Config:
 # ----------------------------------------------------------------------------- validation
 
 
-def _check_optim(o: Any) -> None:
-    """Values AdamW cannot train with (NaN and inf fail every comparison, so each test is a
-    positive one): refused before anything starts."""
-    finite = math.isfinite
-    if not (finite(o.lr) and o.lr > 0):
-        raise UserError(f"optim.lr must be a finite number > 0, got {o.lr}")
-    if not all(finite(b) and 0.0 <= b < 1.0 for b in o.betas):
-        raise UserError(f"optim.betas must be in [0, 1), got {list(o.betas)}")
-    if not (finite(o.eps) and o.eps > 0):
-        raise UserError(f"optim.eps must be a finite number > 0, got {o.eps}")
-    if not (finite(o.weight_decay) and 0 <= o.weight_decay < 1 / o.lr):
-        raise UserError(
-            f"optim.weight_decay must be finite, >= 0 and below 1/lr (AdamW multiplies weights by "
-            f"1 - lr x weight_decay each step), got {o.weight_decay}"
-        )
-    if not (finite(o.min_lr_ratio) and 0 <= o.min_lr_ratio <= 1):
-        raise UserError(f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio}")
-    if o.grad_clip is not None and not (finite(o.grad_clip) and o.grad_clip > 0):
-        raise UserError(f"optim.grad_clip must be a finite number > 0, or null, got {o.grad_clip}")
-
-
 def _check_paths(cfg: Config) -> None:
-    """A NUL byte cannot be in a path (the OS would raise deep inside a worker)."""
+    """Paths the OS (or pathlib) would refuse deep inside a worker: a NUL byte, a name over 255
+    bytes or a path over 4096, hundreds of levels, a `~user` that names no user."""
     sources = cfg.data.source if isinstance(cfg.data.source, list) else [cfg.data.source]
+    ds = cfg.parallel.deepspeed
     for name, value in [
         ("model.hf", cfg.model.hf),
         ("data.tokenizer", cfg.data.tokenizer),
         ("log.run_dir", cfg.log.run_dir),
         ("checkpoint.dir", cfg.checkpoint.dir),
+        ("parallel.deepspeed.config", ds.config),
+        ("parallel.deepspeed.nvme_path", ds.nvme_path),
         *(("data.source", v) for v in sources),
     ]:
         if not isinstance(value, str):
             continue
         if "\x00" in value:
-            raise UserError(f"{name}: the path contains a NUL byte: {value[:200]!r}")
-        longest = max((len(part.encode()) for part in value.split("/")), default=0)
-        if len(value.encode()) > 4096 or longest > 255:
+            raise UserError(f"{name}: the path contains a NUL byte: {shown(value)}")
+        parts = value.split("/")
+        if len(value.encode()) > 4096 or max(len(part.encode()) for part in parts) > 255:
             raise UserError(
                 f"{name}: the path is too long ({len(value)} characters; a name may have 255 "
-                f"bytes, a path 4096): {value[:100]!r}..."
+                f"bytes, a path 4096): {shown(value)}"
             )
+        if len(parts) > MAX_PATH_LEVELS:  # Path.mkdir(parents=True) recurses once per level
+            raise UserError(
+                f"{name}: the path has {len(parts)} levels (at most {MAX_PATH_LEVELS}): "
+                f"{shown(value)}"
+            )
+        try:
+            Path(value).expanduser()
+        except RuntimeError:
+            raise UserError(f"{name}: no home directory for {shown(value)}") from None
 
 
 def validate(cfg: Config) -> None:
     """Checks that need no hardware or world size (those live in `check_world`)."""
-    m, t, o, p = cfg.model, cfg.train, cfg.optim, cfg.parallel
+    m, p = cfg.model, cfg.parallel
     if (m.preset is None) == (m.hf is None):
         raise UserError("model: give exactly one of model.preset and model.hf")
-    for name, value in [
-        ("model.seq_len", m.seq_len),
-        ("train.steps", t.steps),
-        ("train.micro_batch_size", t.micro_batch_size),
-        ("train.grad_accum_steps", t.grad_accum_steps),
-        ("parallel.replicate_degree", p.replicate_degree),
-        ("parallel.ac_every", p.ac_every),
-        ("log.every", cfg.log.every),
-        ("train.max_skipped_steps", t.max_skipped_steps),
-    ]:
-        if value < 1:
-            raise UserError(f"{name} must be >= 1, got {value}")
-    for name, value in [
-        ("train.eval_every", t.eval_every),
-        ("checkpoint.every", cfg.checkpoint.every),
-        ("optim.warmup_steps", o.warmup_steps),
-        ("model.loss_chunk", m.loss_chunk),
-        ("parallel.prefetch", p.prefetch),
-        ("train.max_restarts", t.max_restarts),
-    ]:
-        if value < 0:
-            raise UserError(f"{name} must be >= 0, got {value}")
-    if cfg.checkpoint.keep_last < 1:
-        raise UserError(f"checkpoint.keep_last must be >= 1, got {cfg.checkpoint.keep_last}")
+    check_ranges(cfg)
     if cfg.checkpoint.export_final and not cfg.checkpoint.save_final:
         raise UserError("checkpoint.export_final exports the final checkpoint: it needs save_final")
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise UserError(f"data.val_fraction must be in [0, 1), got {cfg.data.val_fraction}")
-    _check_optim(o)
+    check_optim(cfg.optim)
+    check_deepspeed(p.deepspeed)
     _check_paths(cfg)
     from zerofit.backends import backend_names  # late: backends import torch
 
     if p.backend not in [*backend_names(), "auto"]:
         raise UserError(
-            f"parallel.backend: unknown backend '{p.backend}'{_suggest(p.backend, backend_names(), 'parallel')}"
+            f"parallel.backend: unknown backend {shown(p.backend)}{_suggest(p.backend, backend_names(), 'parallel')}"
         )
 
 
@@ -380,9 +393,9 @@ def save_config(cfg: Config, path: str | Path) -> None:
 def field_help(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, default, help) for every option: feeds `zerofit train --help`."""
     rows = []
-    hints = typing.get_type_hints(cls, include_extras=True)
+    hints = _type_hints(cls, extras=True)
     for f in dataclasses.fields(cls):
-        tp = typing.get_type_hints(cls)[f.name]
+        tp = _type_hints(cls)[f.name]
         if dataclasses.is_dataclass(tp):
             rows += field_help(tp, f"{prefix}{f.name}.")
             continue

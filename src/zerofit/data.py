@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from zerofit.errors import UserError
+from zerofit.limits import shown
 
 EOS_CANDIDATES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>")
 _SKIP_DIRS = frozenset(
@@ -63,7 +64,9 @@ class HFTokenizer:
         try:
             self._tok = _Tok.from_file(self.path)
         except Exception as e:  # the library raises plain Exceptions for bad files
-            raise UserError(f"cannot load tokenizer {self.path}: {e}") from None
+            raise UserError(
+                f"cannot load tokenizer {shown(self.path, quote=False)}: {shown(e, quote=False)}"
+            ) from None
         self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
         self.eos_id: int | None = None
         for name in EOS_CANDIDATES:
@@ -91,7 +94,9 @@ def load_tokenizer(spec: str) -> ByteTokenizer | HFTokenizer:
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
-        raise UserError(f"tokenizer file not found: {path} (use 'byte' or a tokenizer.json path)")
+        raise UserError(
+            f"tokenizer file not found: {shown(path, quote=False)} (use 'byte' or a tokenizer.json path)"
+        )
     return HFTokenizer(path)
 
 
@@ -148,7 +153,7 @@ def iter_documents(source: str | list[str], field: str = "text") -> Iterator[str
         raise UserError("data source list is empty")
     for s in sources:
         if s != "stdlib" and not Path(s).expanduser().exists():
-            raise UserError(f"data source not found: {s}")
+            raise UserError(f"data source not found: {shown(s, quote=False)}")
     for s in sources:
         if s == "stdlib":
             docs: Iterator[str] = (

@@ -111,8 +111,25 @@ def init_distributed(replicate_degree: int = 1) -> DistContext:
         kwargs: dict = {"device_id": device} if device.type == "cuda" else {}
         if "MASTER_ADDR" not in os.environ:  # a plain single process: an in-memory store, no ports
             kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
+        elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            kwargs.update(store=_attempt_store(world), rank=rank, world_size=world)
         dist.init_process_group(backend=backend, timeout=timedelta(minutes=30), **kwargs)
     return DistContext(rank, world, local_rank, device, replicate_degree, world // replicate_degree)
+
+
+def _attempt_store(world: int) -> dist.Store:
+    """The elastic agent's store, under a prefix of this restart attempt: after a restart the
+    agent's store still holds the previous attempt's keys (gloo's peer addresses among them),
+    and a rank that read a dead peer's address would fail to connect."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=False,
+        timeout=timedelta(minutes=30),
+    )
+    return dist.PrefixStore(f"zerofit/attempt_{attempt}", store)
 
 
 def shutdown() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from zerofit.config import Config, deep_merge, explicit_keys, get_field, with_fields
 from zerofit.errors import UserError
+from zerofit.limits import shown
 
 _MISSING = object()
 SKIP = object()  # from_ds result: this JSON value says nothing about the zerofit field
@@ -150,11 +151,13 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
 def read_user_json(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"parallel.deepspeed.config: file not found: {p}")
+        raise UserError(f"parallel.deepspeed.config: file not found: {shown(p, quote=False)}")
     try:
         data = json.loads(p.read_text())
     except json.JSONDecodeError as e:
-        raise UserError(f"bad JSON in {p} at line {e.lineno}, column {e.colno}: {e.msg}") from None
+        raise UserError(
+            f"bad JSON in {shown(p, quote=False)} at line {e.lineno}, column {e.colno}: {e.msg}"
+        ) from None
     if not isinstance(data, dict):
         raise UserError(f"{p}: the top level must be a JSON object")
     return data

@@ -6,9 +6,7 @@ processes); under an external torchrun or srun it joins that process group inste
 
 from __future__ import annotations
 
-import logging
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -21,6 +19,7 @@ from zerofit import checkpoint as ckpt
 from zerofit.checkpoint import compat
 from zerofit.config import Config, check_world, resolve_precision, save_config
 from zerofit.errors import UserError
+from zerofit.limits import shown
 from zerofit.metrics import truncate_metrics
 
 
@@ -65,10 +64,9 @@ def ensure_writable_dir(path: Path, what: str) -> None:
         probe = path / f".zerofit-write-test-{os.getpid()}"
         probe.write_bytes(b"ok")
         probe.unlink()
-    except OSError as e:
-        raise UserError(
-            f"{what}: {shown} is not a writable directory ({e.strerror or e})"
-        ) from None
+    except (OSError, RecursionError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+        raise UserError(f"{what}: {shown} is not a writable directory ({why})") from None
 
 
 def _find_resume(cfg: Config, resume: str) -> tuple[Path, Path, dict, list[str]]:
@@ -103,7 +101,7 @@ def _new_run_dir(cfg: Config) -> Path:
         run_dir = Path(cfg.log.run_dir)
         if (run_dir / "config.yaml").exists():
             raise UserError(
-                f"run directory {run_dir} already holds a run; pass --resume or choose another log.run_dir"
+                f"run directory {shown(run_dir, quote=False)} already holds a run; pass --resume or choose another log.run_dir"
             )
         return run_dir
     base = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
@@ -113,10 +111,21 @@ def _new_run_dir(cfg: Config) -> Path:
     return run_dir
 
 
+def _expand_user(cfg: Config) -> Config:
+    """`~` in log.run_dir and checkpoint.dir, as data.source and data.tokenizer already do."""
+    run_dir, ck = cfg.log.run_dir, cfg.checkpoint.dir
+    return replace(
+        cfg,
+        log=replace(cfg.log, run_dir=os.path.expanduser(run_dir) if run_dir else run_dir),
+        checkpoint=replace(cfg.checkpoint, dir=os.path.expanduser(ck) if ck else ck),
+    )
+
+
 def prepare_run(
     cfg: Config, opts: LaunchOptions, world_size: int, device_type: str, create: bool = True
 ) -> PreparedRun:
     """Every check that can fail on user input, then the run directory and its resolved config."""
+    cfg = _expand_user(cfg)
     from zerofit.backends import get_backend
     from zerofit.trainer import build_inputs, checkpoint_meta, make_loader  # torch-heavy imports
 
@@ -174,69 +183,8 @@ def worker_argv(prep: PreparedRun, error_dir: Path | None = None) -> list[str]:
     return argv
 
 
-def worker_error_line(error_dir: Path) -> str | None:
-    """One line for the input errors the workers wrote (any rank): the message once when every
-    rank agrees, else the lowest rank's, naming it."""
-    found = {}
-    for f in error_dir.glob("rank*.txt"):
-        try:
-            found[int(f.stem[4:])] = f.read_text(errors="replace").strip()
-        except (OSError, ValueError):
-            continue
-    if not found:
-        return None
-    rank = min(found)
-    if len(set(found.values())) == 1:
-        return f"error: {found[rank]}"
-    return f"error (rank {rank}): {found[rank]}"
-
-
-def failure_line(codes: dict[int, int]) -> str:
-    """A worker that died without a Python error: say how (a signal, or an exit code)."""
-    import signal
-
-    rank, code = min(codes.items(), key=lambda kv: (kv[1] >= 0, kv[0]))
-    if code < 0:
-        name = (
-            signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-        )
-        hint = " (the host OOM killer, or kill -9?)" if -code == signal.SIGKILL else ""
-        return f"error: local rank {rank} was killed by {name}{hint}"
-    return f"error: training failed on local rank {rank} (exit code {code}); its traceback is above"
-
-
 def spawn(prep: PreparedRun, opts: LaunchOptions, nproc: int) -> int:
-    """Start `nproc` workers on this node through torch.distributed.run. Returns an exit code."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
+    """Start `nproc` workers on this node (zerofit.spawn); returns the exit status."""
+    from zerofit.spawn import spawn as start_workers
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    logging.getLogger("torch.distributed.run").setLevel(logging.CRITICAL)
-    if "OMP_NUM_THREADS" not in os.environ:
-        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-    args = ["--nproc-per-node", str(nproc), "--nnodes", str(opts.nnodes)]
-    if opts.nnodes == 1 and not opts.rdzv_endpoint:
-        args.append("--standalone")
-    else:
-        if not opts.rdzv_endpoint:
-            raise UserError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT")
-        args += [
-            "--node-rank",
-            str(opts.node_rank),
-            "--rdzv-endpoint",
-            opts.rdzv_endpoint,
-            "--rdzv-backend",
-            opts.rdzv_backend,
-        ]
-    error_dir = Path(tempfile.mkdtemp(prefix="zerofit-errors-"))
-    args += ["--module", "zerofit.worker", *worker_argv(prep, error_dir)]
-    try:
-        run(get_args_parser().parse_args(args))
-    except ChildFailedError as e:
-        line = worker_error_line(error_dir)
-        codes = {f.local_rank: f.exitcode for f in e.failures.values()}
-        print(line or failure_line(codes), file=sys.stderr)
-        return 2 if line else 1
-    finally:
-        shutil.rmtree(error_dir, ignore_errors=True)
-    return 0
+    return start_workers(prep, opts, nproc)

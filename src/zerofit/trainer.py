@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,78 +15,40 @@ from zerofit import checkpoint as ckpt
 from zerofit import precision_report
 from zerofit.backends import Backend, get_backend
 from zerofit.config import Config, check_world, resolve_precision
-from zerofit.data import DataBundle, PackedLoader, build_data, eval_batches
+from zerofit.data import eval_batches
 from zerofit.dist import DistContext, init_distributed
-from zerofit.errors import UserError
+from zerofit.errors import EXIT_IO, EXIT_NONFINITE, RunStopped, UserError
+from zerofit.faults.nonfinite import NonFinitePolicy, StepResult
+from zerofit.faults.signals import StopSignals, signal_name
+from zerofit.faults.step_gate import StepGate, describe
+from zerofit.inputs import build_inputs, checkpoint_meta, make_loader
 from zerofit.metrics import MetricsSink, StepTimer, Throughput, memory_stats, peak_flops
-from zerofit.models import ModelSpec, build_model
 from zerofit.models.llama import set_attention_backend
 from zerofit.precision_report import watch_compute_dtype
 from zerofit.progress import Progress
+from zerofit.reports import environment, oom_report, write_sharding_report
 from zerofit.schedule import lr_at
 
 T = TypeVar("T")
 
 
 @dataclass
-class RunInputs:
-    """What a run is built from; also used by the launcher to check input before starting workers."""
+class RunControl:
+    """How a worker was started, beyond the config: its stop signals, the command that
+    continues the run (quoted in stop lines), and which elastic restart this is."""
 
-    spec: ModelSpec
-    data: DataBundle
-
-
-def build_inputs(cfg: Config) -> RunInputs:
-    spec = build_model(cfg.model.preset, cfg.model.hf, cfg.model.overrides, cfg.model.loss_chunk)
-    if cfg.model.seq_len > spec.max_seq_len:
-        raise UserError(
-            f"model.seq_len={cfg.model.seq_len} is above the model's maximum {spec.max_seq_len}"
-        )
-    d = cfg.data
-    data = build_data(
-        d.source, d.tokenizer, d.field, cfg.model.seq_len, d.val_fraction, d.max_tokens, d.seed
-    )
-    if data.tokenizer.vocab_size > spec.vocab_size:
-        raise UserError(
-            f"tokenizer has {data.tokenizer.vocab_size} tokens but the model's vocabulary is {spec.vocab_size}"
-        )
-    return RunInputs(spec, data)
-
-
-def make_loader(cfg: Config, data: DataBundle, dp_rank: int, dp_size: int) -> PackedLoader:
-    t = cfg.train
-    return PackedLoader(
-        data.train,
-        micro_batch_size=t.micro_batch_size,
-        grad_accum_steps=t.grad_accum_steps,
-        dp_rank=dp_rank,
-        dp_size=dp_size,
-        seed=cfg.data.seed,
-    )
-
-
-def checkpoint_meta(cfg: Config, spec: ModelSpec, world_size: int) -> dict[str, Any]:
-    """What a checkpoint records about the run that wrote it (see zerofit.checkpoint.compat)."""
-    t = cfg.train
-    return {
-        "backend": cfg.parallel.backend,
-        "world_size": world_size,
-        "model": spec.fingerprint,
-        "optimizer": "adamw",
-        "seq_len": cfg.model.seq_len,
-        "master_dtype": cfg.precision.master_dtype,
-        "micro_batch_size": t.micro_batch_size,
-        "grad_accum_steps": t.grad_accum_steps,
-        "global_batch": t.micro_batch_size * t.grad_accum_steps * world_size,
-        "train_steps": t.steps,
-        "data": {"source": cfg.data.source, "tokenizer": cfg.data.tokenizer},
-    }
+    signals: StopSignals = field(default_factory=StopSignals)
+    resume_command: str = "zerofit train --resume"
+    restart: int = 0
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: Path, ctx: DistContext):
+    def __init__(
+        self, cfg: Config, run_dir: Path, ctx: DistContext, control: RunControl | None = None
+    ):
         cfg = replace(cfg, precision=resolve_precision(cfg.precision, ctx.device.type))
         self.cfg, self.run_dir, self.ctx = cfg, run_dir, ctx
+        self.control = control or RunControl()
         check_world(cfg, ctx.world_size)
         torch.manual_seed(cfg.train.seed + ctx.rank)
         set_attention_backend(cfg.model.attention)
@@ -98,26 +60,13 @@ class Trainer:
         self.backend.setup(self.spec, cfg.model.init_seed)
         self.ckpt_root = ckpt.checkpoint_root(cfg.checkpoint.dir, run_dir)
         self.meta = checkpoint_meta(cfg, self.spec, ctx.world_size)
+        self.gate = StepGate(self.control.signals, ctx.world_size)
+        self.nonfinite = NonFinitePolicy(cfg.train.on_nonfinite, cfg.train.max_skipped_steps)
         self.step = 0
-        self.write_sharding_report()
+        self.last_saved = 0
+        write_sharding_report(self.backend, run_dir, ctx)
         if ctx.is_main:
             (run_dir / "env.json").write_text(json.dumps(environment(ctx), indent=1))
-
-    def write_sharding_report(self) -> None:
-        """Per-rank local vs global parameter elements: proof that sharding took effect."""
-        params = {name: [local, full] for name, local, full in self.backend.local_param_numel()}
-        local = sum(v[0] for v in params.values())
-        full = sum(v[1] for v in params.values())
-        report = {
-            "rank": self.ctx.rank,
-            "world_size": self.ctx.world_size,
-            "local_numel": local,
-            "global_numel": full,
-            "params": params,
-        }
-        out = self.run_dir / "sharding"
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"rank{self.ctx.rank}.json").write_text(json.dumps(report))
 
     def write_precision_report(self, compute: torch.dtype | None) -> None:
         rep = precision_report.report(self.backend, compute)
@@ -143,17 +92,18 @@ class Trainer:
         agreed(self.ctx, lambda: self.backend.check_restorable(path / "model", saved))
         self.backend.restore(path / "model", saved)
         agreed(self.ctx, lambda: self._apply_rank_state(path, saved, state, own))
-        self.step = saved["step"]
+        self.step = self.last_saved = saved["step"]
 
     def _apply_rank_state(self, path: Path, saved: dict, state: dict, own: bool) -> None:
         name = f"rank{self.ctx.rank if own else 0}.json"
         try:
             self.loader.load_state_dict(state["data"])  # a global position: the same everywhere
+            self.nonfinite.load_state_dict(state.get("nonfinite", {}))
             if saved["backend"] == self.cfg.parallel.backend:
                 self.backend.load_extra_state(state["backend"])  # e.g. the fp16 loss scale
             if own:
                 ckpt.rank_state.set_rng_state(state["rng"])
-        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as e:
             raise UserError(
                 f"checkpoint {path}: {name} holds a malformed state ({e!r:.200})"
             ) from None
@@ -161,22 +111,68 @@ class Trainer:
             torch.manual_seed(self.cfg.train.seed + self.ctx.rank + 1_000_003 * saved["step"])
 
     def save(self) -> Path:
+        """A checkpoint of this step; never of non-finite weights, and a failed write ends the
+        run with one line (the previous checkpoint stays intact)."""
+        if not self._weights_finite():
+            raise RunStopped(
+                f"step {self.step}: the weights hold NaN or inf values; refusing to save them. "
+                f"The last good checkpoint is {self.last_good()}",
+                EXIT_NONFINITE,
+                "nonfinite",
+            )
         state = {
             "data": self.loader.state_dict(),
             "rng": ckpt.rank_state.rng_state(),
             "backend": self.backend.extra_state(),
+            "nonfinite": self.nonfinite.state_dict(),
         }
         meta = {
             **self.meta,
             "format": self.backend.checkpoint_format,
             "layout": self.backend.layout(),
         }
-        return ckpt.save_checkpoint(
-            self.backend, self.ckpt_root, self.step, state, meta, self.cfg.checkpoint.keep_last
+        previous = ckpt.latest_checkpoint(self.ckpt_root)
+        then = (
+            f"The previous checkpoint ({previous}) is intact; make room, then continue with: "
+            f"{self.control.resume_command}"
+            if previous
+            else "No earlier checkpoint exists; make room and run again"
         )
+        try:
+            path = ckpt.save_checkpoint(
+                self.backend, self.ckpt_root, self.step, state, meta, self.cfg.checkpoint.keep_last
+            )
+        except ckpt.SaveFailed as e:
+            raise RunStopped(
+                f"could not save the checkpoint of step {self.step}: {e}. {then}",
+                EXIT_IO,
+                "io",
+            ) from None
+        self.last_saved = self.step
+        return path
+
+    def _weights_finite(self) -> bool:
+        flags = []
+        for t in self.backend.master_tensors():
+            local = t.to_local() if hasattr(t, "to_local") else t
+            if local.numel():
+                flags.append(torch.isfinite(local).all())
+        ok = bool(torch.stack(flags).all()) if flags else True
+        return all(self.ctx.gather_object(ok))
+
+    def next_move(self) -> str:
+        """How to go on from the newest checkpoint, for lines that end the run."""
+        found = ckpt.latest_checkpoint(self.ckpt_root)
+        if found is None:
+            return "no checkpoint was saved (set checkpoint.every to save as you go)"
+        return f"the last good checkpoint is {found}; continue with: {self.control.resume_command}"
+
+    def last_good(self) -> str:
+        found = ckpt.latest_checkpoint(self.ckpt_root)
+        return str(found) if found else "none (set checkpoint.every to save as you go)"
 
     # ------------------------------------------------------------------ steps
-    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def train_step(self) -> tuple[torch.Tensor, StepResult]:
         accum = self.cfg.train.grad_accum_steps
         device = self.ctx.device
         total = torch.zeros((), device=device)
@@ -196,9 +192,11 @@ class Trainer:
             total_steps=self.cfg.train.steps,
             min_lr_ratio=o.min_lr_ratio,
         )
-        grad_norm = self.backend.step(self.lr)
+        result = self.backend.step(self.lr, total, self.gate)
         self.step += 1
-        return total, grad_norm
+        what = result.detail or describe(self.gate.evidence)
+        self.nonfinite.record(self.step, result, what, self.next_move())
+        return total, result
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -218,88 +216,130 @@ class Trainer:
         model.train()
         return self.ctx.all_reduce_mean(total / len(batches)).item()
 
+    def stop_on_signal(self) -> None:
+        """After the step every rank agreed to stop at: save it, then end with one line."""
+        name = signal_name(self.gate.signum)
+        code = 128 + self.gate.signum
+        cmd = self.control.resume_command
+        if self.step == self.last_saved:
+            where = ckpt.latest_checkpoint(self.ckpt_root)
+            held = f"checkpoint {where} holds it" if where else "nothing to save yet"
+            line = f"stopped at step {self.step} by {name}; {held}; continue with: {cmd}"
+            raise RunStopped(line, code, "signal")
+        t0 = time.perf_counter()
+        path = self.save()
+        line = (
+            f"stopped at step {self.step} by {name}; saved {path} in "
+            f"{time.perf_counter() - t0:.1f} s; continue with: {cmd}"
+        )
+        raise RunStopped(line, code, "signal")
+
     def fit(self) -> dict[str, Any]:
         cfg, ctx = self.cfg, self.ctx
         t = cfg.train
-        tokens_per_step = t.micro_batch_size * t.grad_accum_steps * ctx.dp_size * cfg.model.seq_len
-        flops_per_token = self.spec.flops_per_token(cfg.model.seq_len)
-        peak = peak_flops(ctx.device)
-        meter = Throughput(tokens_per_step, flops_per_token, ctx.world_size, peak)
-        timer = StepTimer(ctx.device)
-        sink = MetricsSink(self.run_dir, cfg.log.jsonl, cfg.log.tensorboard, ctx.is_main)
-        progress = Progress(t.steps, self.step, enabled=ctx.is_main and cfg.log.progress)
-        loss_sum = torch.zeros((), device=ctx.device)
-        window = 0
-        summary: dict[str, Any] = {"run_dir": str(self.run_dir), "start_step": self.step}
-        last_saved = self.step
-        t_start = time.perf_counter()
+        loop = _Loop(self)
         self.backend.model.train()
         read_compute_dtype = watch_compute_dtype(self.backend.model)
-        timer.mark()
-        with progress:
+        with loop.progress:
+            if self.gate.poll():  # asked to stop while starting up
+                self.stop_on_signal()
             while self.step < t.steps:
-                loss, grad_norm = self.train_step()
-                timer.mark()
+                loss, result = self.train_step()
+                loop.timer.mark()
                 if read_compute_dtype is not None:
                     self.write_precision_report(read_compute_dtype())
                     read_compute_dtype = None
-                if (
-                    self.step == 3 and ctx.device.type == "cuda"
-                ):  # steady state reached: stop recording
+                if self.step == 3 and ctx.device.type == "cuda":  # steady state: stop recording
                     torch.cuda.memory._record_memory_history(enabled=None)
-                loss_sum += loss
-                window += 1
-                meter.tick()
-                record: dict[str, Any] | None = None
-                if self.step % cfg.log.every == 0 or self.step == t.steps:
-                    if ctx.device.type == "cuda":
-                        torch.cuda.synchronize(ctx.device)
-                    record = {
-                        "step": self.step,
-                        "loss": ctx.all_reduce_mean(loss_sum / window).item(),
-                    }
-                    record["grad_norm"] = float(grad_norm)
-                    record["lr"] = self.lr  # of the step just taken
-                    record.update(meter.read())
-                    record.update(memory_stats(ctx.device))
-                    loss_sum.zero_()
-                    window = 0
-                    meter.reset()
-                if (
-                    t.eval_every
-                    and (self.step % t.eval_every == 0 or self.step == t.steps)
-                    and len(self.data.val)
-                ):
-                    record = record or {"step": self.step}
-                    record["eval_loss"] = self.evaluate()
-                if record is not None:
-                    sink.write(record)
-                    progress.update(self.step, record)
-                    summary.update(record)
+                loop.after_step(loss, result)
                 if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
                     self.save()
-                    last_saved = self.step
-                progress.advance(self.step)
+                if self.gate.signum:
+                    loop.sink.close()
+                    self.stop_on_signal()
+                loop.progress.advance(self.step)
         if cfg.checkpoint.save_final and (
-            last_saved != self.step or not ckpt.latest_checkpoint(self.ckpt_root)
+            self.last_saved != self.step or not ckpt.latest_checkpoint(self.ckpt_root)
         ):
             self.save()
-        # The last step's own loss (the logged ones are means over a window).
-        if self.step > summary["start_step"]:
-            summary["final_step_loss"] = ctx.all_reduce_mean(loss.detach()).item()
-        summary["checkpoint"] = str(ckpt.latest_checkpoint(self.ckpt_root) or "-")
-        summary["wall_time_s"] = time.perf_counter() - t_start
+        return loop.finish(loss if self.step > loop.summary["start_step"] else None)
+
+
+class _Loop:
+    """The bookkeeping around the steps: metrics records, eval, progress and the summary."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.tr = trainer
+        cfg, ctx = trainer.cfg, trainer.ctx
+        t = cfg.train
+        self.tokens_per_step = (
+            t.micro_batch_size * t.grad_accum_steps * ctx.dp_size * cfg.model.seq_len
+        )
+        self.flops_per_token = trainer.spec.flops_per_token(cfg.model.seq_len)
+        self.peak = peak_flops(ctx.device)
+        self.meter = Throughput(
+            self.tokens_per_step, self.flops_per_token, ctx.world_size, self.peak
+        )
+        self.timer = StepTimer(ctx.device)
+        self.sink = MetricsSink(trainer.run_dir, cfg.log.jsonl, cfg.log.tensorboard, ctx.is_main)
+        self.progress = Progress(t.steps, trainer.step, enabled=ctx.is_main and cfg.log.progress)
+        self.loss_sum = torch.zeros((), device=ctx.device)
+        self.window = 0
+        self.summary: dict[str, Any] = {"run_dir": str(trainer.run_dir), "start_step": trainer.step}
+        self.t_start = time.perf_counter()
+        self.timer.mark()
+
+    def after_step(self, loss: torch.Tensor, result: StepResult) -> None:
+        tr, cfg, ctx = self.tr, self.tr.cfg, self.tr.ctx
+        step = tr.step
+        if result.applied:  # a skipped step's non-finite loss stays out of the mean
+            self.loss_sum += loss
+            self.window += 1
+        self.meter.tick()
+        record: dict[str, Any] | None = None
+        if step % cfg.log.every == 0 or step == cfg.train.steps or result.nonfinite:
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize(ctx.device)
+            mean = self.loss_sum / max(self.window, 1) if self.window else loss
+            record = {"step": step, "loss": ctx.all_reduce_mean(mean.clone()).item()}
+            record["grad_norm"] = float(result.grad_norm)  # type: ignore[arg-type]
+            record["lr"] = tr.lr  # of the step just taken
+            if result.nonfinite:
+                record["skipped"] = True
+            record.update(self.meter.read())
+            record.update(memory_stats(ctx.device))
+            self.loss_sum.zero_()
+            self.window = 0
+            self.meter.reset()
+        t = cfg.train
+        if t.eval_every and (step % t.eval_every == 0 or step == t.steps) and len(tr.data.val):
+            record = record or {"step": step}
+            record["eval_loss"] = tr.evaluate()
+        if record is not None:
+            self.sink.write(record)
+            self.progress.update(step, record)
+            self.summary.update(record)
+
+    def finish(self, last_loss: torch.Tensor | None) -> dict[str, Any]:
+        tr, ctx = self.tr, self.tr.ctx
+        summary = self.summary
+        if last_loss is not None:  # the last step's own loss (the logged ones are window means)
+            summary["final_step_loss"] = ctx.all_reduce_mean(last_loss.detach().clone()).item()
+        summary["checkpoint"] = str(ckpt.latest_checkpoint(tr.ckpt_root) or "-")
+        summary["wall_time_s"] = time.perf_counter() - self.t_start
         summary["world_size"] = ctx.world_size
         summary["device"] = ctx.device.type
-        summary["num_params"] = self.spec.num_params
+        summary["num_params"] = tr.spec.num_params
+        summary["nonfinite_skips"] = tr.nonfinite.skipped
+        summary["loss_scale_skips"] = tr.nonfinite.scale_skips
         # What `zerofit bench` needs: per-step times (log/eval/save steps included) and the FLOPs.
-        summary["step_times_s"] = timer.durations()
-        summary["tokens_per_step"] = tokens_per_step
-        summary["flops_per_token"] = flops_per_token
-        summary["peak_flops"] = peak
-        sink.close()
+        summary["step_times_s"] = self.timer.durations()
+        summary["tokens_per_step"] = self.tokens_per_step
+        summary["flops_per_token"] = self.flops_per_token
+        summary["peak_flops"] = self.peak
+        self.sink.close()
         if ctx.is_main:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+            (tr.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
 
@@ -319,39 +359,17 @@ def agreed(ctx: DistContext, fn: Callable[[], T]) -> T:
     return result  # type: ignore[return-value]
 
 
-def environment(ctx: DistContext) -> dict[str, Any]:
-    """What `zerofit doctor` checks about the machine: versions, GPUs, NCCL/CUDA variables."""
-    import os
-
-    gpus = (
-        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        if ctx.device.type == "cuda"
-        else []
-    )
-    keep = (
-        "NCCL_",
-        "CUDA_",
-        "TORCH_NCCL",
-        "TORCH_DISTRIBUTED",
-        "OMP_NUM_THREADS",
-        "PYTORCH_CUDA_ALLOC_CONF",
-    )
-    return {
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "device": ctx.device.type,
-        "world_size": ctx.world_size,
-        "gpus": gpus,
-        "env": {k: v for k, v in os.environ.items() if k.startswith(keep)},
-    }
-
-
-def run_training(cfg: Config, run_dir: Path, resume: Path | None) -> dict[str, Any]:
+def run_training(
+    cfg: Config, run_dir: Path, resume: Path | None, control: RunControl | None = None
+) -> dict[str, Any]:
+    control = control or RunControl()
     ctx = init_distributed(cfg.parallel.replicate_degree)
     if ctx.device.type == "cuda":  # record allocations during start-up and the first steps
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     try:
-        trainer = Trainer(cfg, run_dir, ctx)
+        trainer = Trainer(cfg, run_dir, ctx, control)
+        if control.restart:
+            resume = restart_checkpoint(trainer, control.restart)
         if resume is not None:
             trainer.resume(resume)
         return trainer.fit()
@@ -359,14 +377,23 @@ def run_training(cfg: Config, run_dir: Path, resume: Path | None) -> dict[str, A
         raise UserError(oom_report(cfg, run_dir, ctx)) from None
 
 
-def oom_report(cfg: Config, run_dir: Path, ctx: DistContext) -> str:
-    """Dump the CUDA memory snapshot and a diagnosis; returns the one-line message."""
-    from zerofit.doctor import oom_advice
+def restart_checkpoint(trainer: Trainer, restart: int) -> Path | None:
+    """After an elastic restart: the newest checkpoint that verifies (rank 0 picks, every rank
+    takes the same), or None to start over. Metrics of the lost steps move aside."""
+    from zerofit.metrics import truncate_metrics
 
-    snapshot = run_dir / f"oom_snapshot_rank{ctx.rank}.pickle"
-    torch.cuda.memory._dump_snapshot(str(snapshot))
-    torch.cuda.memory._record_memory_history(enabled=None)
-    gpu_mem = torch.cuda.get_device_properties(ctx.device).total_memory
-    advice = oom_advice(cfg, ctx.world_size, gpu_mem)
-    (run_dir / f"oom_rank{ctx.rank}.txt").write_text(advice + "\n")
-    return f"CUDA out of memory on rank {ctx.rank}: {advice}. Snapshot: {snapshot} (open it at pytorch.org/memory_viz)"
+    ctx, limit = trainer.ctx, trainer.cfg.train.max_restarts
+    found: Path | None = None
+    if ctx.is_main:
+        try:
+            found, saved, notes = ckpt.select_checkpoint(trainer.ckpt_root)
+            step = saved["step"]
+        except UserError:
+            found, notes, step = None, [], 0
+        truncate_metrics(trainer.run_dir, step)
+        where = (
+            f"resuming from {found} (step {step})" if found else "no checkpoint yet: from step 0"
+        )
+        for line in [f"restart {restart} of {limit} after a failure: {where}", *notes]:
+            print(f"note: {line}", flush=True)
+    return ctx.broadcast_object(found)  # type: ignore[return-value]

@@ -13,8 +13,12 @@ from torch import nn
 
 from zerofit.config import Config
 from zerofit.dist import DistContext
+from zerofit.faults.nonfinite import StepResult
 from zerofit.models import ModelSpec
 from zerofit.parallelize import materialize_
+
+# Called once per step between backward and the update: True when the update may be applied.
+Gate = Callable[[torch.Tensor], bool]
 
 DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -33,7 +37,7 @@ class Backend(ABC):
     """Owns the wrapped model and its optimizer. The trainer only calls what is declared here.
 
     One step is: for each micro-batch, `with backend.micro_step(is_last)`: forward through
-    `backend.model`, then `backend.backward(loss)`; then `backend.step(lr)`.
+    `backend.model`, then `backend.backward(loss)`; then `backend.step(lr, loss, gate)`.
     """
 
     name: ClassVar[str]
@@ -68,8 +72,11 @@ class Backend(ABC):
     def backward(self, loss: torch.Tensor) -> None: ...
 
     @abstractmethod
-    def step(self, lr: float) -> torch.Tensor:
-        """Unscale, clip, optimizer step at `lr`, zero grads. Returns the global grad norm (pre-clip)."""
+    def step(self, lr: float, loss: torch.Tensor, gate: Gate) -> StepResult:
+        """Unscale, clip, optimizer step at `lr`, zero grads. Before updating, call
+        ``gate(evidence)`` once with the step's loss (and the global gradient norm where known
+        before the update) on the device: when it returns False the update must not be applied.
+        Returns the pre-clip global grad norm and whether the update was applied."""
 
     @abstractmethod
     def save(self, path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from zerofit.backends.base import Backend, materialize_from_spec, register
+from zerofit.backends.base import Backend, Gate, materialize_from_spec, register
 from zerofit.backends.deepspeed_checkpoint import ZeroCheckpointReader
 from zerofit.backends.torch_common import param_groups
 from zerofit.checkpoint.neutral import (
@@ -33,6 +34,7 @@ from zerofit.checkpoint.neutral import (
 from zerofit.checkpoint.safe_load import load_torch_file
 from zerofit.config import Config, resolve_precision
 from zerofit.errors import UserError
+from zerofit.faults.nonfinite import StepResult
 from zerofit.models import ModelSpec
 from zerofit.models.llama import strip_wrapper_names
 from zerofit.parallelize import (
@@ -108,6 +110,13 @@ class DeepSpeedBackend(Backend):
                 f"fp16 compute (precision.param_dtype, or the DeepSpeed JSON's fp16 section) is not "
                 f"supported by DeepSpeed on this {self.ctx.device.type.upper()}; use bf16 or fp32"
             )
+        # DeepSpeed calls torch.distributed functions that torch has deprecated, from inside;
+        # users can do nothing about it, and the warning repeats on every step.
+        warnings.filterwarnings(
+            "ignore",
+            message=r".*is deprecated\. Please use `torch\.distributed",
+            category=FutureWarning,
+        )
         os.environ.setdefault("LOCAL_RANK", str(self.ctx.local_rank))  # zero.Init reads it
         # Adopts the process group zerofit already initialised (NCCL on GPUs, gloo on CPU).
         deepspeed.init_distributed(
@@ -151,12 +160,25 @@ class DeepSpeedBackend(Backend):
         if not self._last:
             self.model.step()  # DeepSpeed counts micro-steps; it only updates on the boundary
 
-    def step(self, lr: float) -> torch.Tensor:
+    def step(self, lr: float, loss: torch.Tensor, gate: Gate) -> StepResult:
+        """DeepSpeed clips and checks the gradients inside its own step, skipping an update whose
+        gradients are not finite (an "overflow"); the gate sees the loss before it."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        loss_ok = gate(loss.detach().float().reshape(1))
         self.model.step()
+        applied = self.model.was_step_applied()
         norm = self.model.get_global_grad_norm()
-        return torch.tensor(float(norm) if norm is not None else float("nan"))
+        norm_t = torch.tensor(float(norm) if norm is not None else float("nan"))
+        if applied or not loss_ok:  # a non-finite loss is never a loss-scale matter
+            return StepResult(norm_t, applied=applied and loss_ok)
+        if self.precision.param_dtype == "fp16":  # a finite loss: the loss scale overflowed
+            return StepResult(norm_t, applied=False, scale_skip=True)
+        return StepResult(
+            norm_t,
+            applied=False,
+            detail="the gradients are not finite (DeepSpeed skipped the update as an overflow)",
+        )
 
     def save(self, path: Path) -> None:
         self.model.save_checkpoint(str(path.parent), tag=path.name, save_latest=False)

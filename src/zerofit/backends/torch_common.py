@@ -10,9 +10,10 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from zerofit.backends.base import DTYPE, Backend
+from zerofit.backends.base import DTYPE, Backend, Gate
 from zerofit.checkpoint.neutral import READ_ERRORS, checkpoint_error, open_reader
 from zerofit.config import OptimConfig
+from zerofit.faults.nonfinite import StepResult
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -50,7 +51,7 @@ class TorchBackend(Backend):
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
-    def step(self, lr: float) -> torch.Tensor:
+    def step(self, lr: float, loss: torch.Tensor, gate: Gate) -> StepResult:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if self.scaler:
@@ -61,13 +62,26 @@ class TorchBackend(Backend):
         )
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+        if self.scaler:  # the loss decides; overflowing scaled gradients are the scaler's business
+            result = self._scaled_step(norm, gate(loss.detach().float().reshape(1)))
         else:
-            self.optimizer.step()
+            ok = gate(torch.stack([loss.detach().float(), norm.detach().float()]))
+            if ok:
+                self.optimizer.step()
+            result = StepResult(norm, applied=ok)
         self.optimizer.zero_grad(set_to_none=True)
-        return norm
+        return result
+
+    def _scaled_step(self, norm: torch.Tensor, ok: bool) -> StepResult:
+        assert self.scaler is not None
+        if not ok:
+            self.scaler.update()  # after unscale_: resets the scaler's per-step record
+            return StepResult(norm, applied=False)
+        before = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        skipped = self.scaler.get_scale() < before  # the scale only drops on an overflow
+        return StepResult(norm, applied=not skipped, scale_skip=skipped)
 
     def _tensor_state(self) -> tuple[dict, dict, list]:
         """The neutral-keyed tensors (``model.*``, one key per tied tensor; ``optim.state.*``),

@@ -15,6 +15,7 @@ format directly, or any other engine's through the engine-neutral view (``neutra
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -118,6 +119,42 @@ def select_checkpoint(root: Path) -> tuple[Path, dict[str, Any], list[str]]:
     raise UserError(f"--resume: no complete checkpoint under {root}")
 
 
+def _write_errors() -> tuple[type[BaseException], ...]:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (OSError, CheckpointException)
+
+
+# What a failed write raises: OSError, or DCP's CheckpointException wrapping one per rank.
+WRITE_ERRORS = _write_errors()
+
+
+class SaveFailed(Exception):
+    """A checkpoint could not be written; ``str(e)`` says why (errno and path where known)."""
+
+
+def write_failure(exc: BaseException, where: Path) -> str:
+    """Why a write under ``where`` failed. DCP's writer (torch's zip serializer) reports a short
+    write as "unexpected pos" without the errno; then the filesystem itself is asked."""
+    from zerofit.faults.report import describe_os_error, find_os_error
+
+    found = find_os_error(exc)
+    if found is not None:
+        return describe_os_error(exc) + ("" if found.filename else f" under {where}")
+    probe = where if where.exists() else where.parent
+    try:
+        st = os.statvfs(probe)
+        free = st.f_frsize * (st.f_bfree if os.geteuid() == 0 else st.f_bavail)
+        if free < 16 * 2**20:
+            return f"No space left on device (ENOSPC): {free / 2**20:.1f} MiB free under {probe}"
+        test = probe / f".zerofit-write-test-{os.getpid()}"
+        test.write_bytes(b"ok")
+        test.unlink()
+    except OSError as e:
+        return describe_os_error(e)
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+
 def save_checkpoint(
     backend: Any,
     root: Path,
@@ -126,10 +163,34 @@ def save_checkpoint(
     meta: dict[str, Any],
     keep_last: int,
 ) -> Path:
-    """Collective: every rank calls it. Returns the final directory."""
-    ctx = backend.ctx
+    """Collective: every rank calls it. Returns the final directory.
+
+    A write that fails (WRITE_ERRORS: a full disk, no permission, an I/O error) raises on the
+    rank that met it; rank 0 removes the partial ``.tmp`` directory, so the previous checkpoint
+    stays the newest complete one."""
     final = step_dir(root, step)
     tmp = final.with_name(final.name + ".tmp")
+    try:
+        _save(backend, root, step, rank_data, meta, keep_last, final, tmp)
+    except WRITE_ERRORS as e:
+        reason = write_failure(e, tmp)  # before the cleanup frees the space it ran out of
+        if backend.ctx.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise SaveFailed(reason) from e
+    return final
+
+
+def _save(
+    backend: Any,
+    root: Path,
+    step: int,
+    rank_data: dict[str, Any],
+    meta: dict[str, Any],
+    keep_last: int,
+    final: Path,
+    tmp: Path,
+) -> None:
+    ctx = backend.ctx
     if ctx.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -150,7 +211,6 @@ def save_checkpoint(
         for old in complete_checkpoints(root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     ctx.barrier()
-    return final
 
 
 def load_rank_state(

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from zerofit.errors import UserError
+from zerofit.limits import shown
 from zerofit.models.llama import PRESETS, Llama, LlamaArgs, flops_per_token, num_params
 from zerofit.models.meta import meta_params
 
@@ -46,7 +47,9 @@ def _llama_args(preset: str, overrides: dict | None) -> LlamaArgs:
     if preset not in PRESETS:
         close = difflib.get_close_matches(preset, PRESETS, n=1, cutoff=0.0)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise UserError(f"unknown model preset {preset!r}{hint} (choices: {', '.join(PRESETS)})")
+        raise UserError(
+            f"unknown model preset {shown(preset)}{hint} (choices: {', '.join(PRESETS)})"
+        )
     args = PRESETS[preset]
     if not overrides:
         return args
@@ -55,7 +58,7 @@ def _llama_args(preset: str, overrides: dict | None) -> LlamaArgs:
         if key not in valid:
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise UserError(f"unknown model override {key!r}{hint}")
+            raise UserError(f"unknown model override {shown(key)}{hint}")
     try:
         args = replace(args, **overrides)
         args.validate()

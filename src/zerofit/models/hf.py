@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from zerofit.errors import UserError
+from zerofit.limits import shown
 from zerofit.models.llama import strip_wrapper_names
 from zerofit.models.loss import cross_entropy
 from zerofit.models.meta import meta_params
@@ -121,20 +123,53 @@ def load_config(directory: str, overrides: dict | None = None) -> Any:
     except ImportError as e:
         raise UserError("model.hf needs the 'transformers' package: pip install zerofit[hf]") from e
     if not os.path.isdir(directory):
-        raise UserError(f"Hugging Face model directory not found: {directory}")
+        raise UserError(f"Hugging Face model directory not found: {shown(directory, quote=False)}")
     if not os.path.isfile(os.path.join(directory, "config.json")):
-        raise UserError(f"no config.json in Hugging Face model directory {directory}")
+        raise UserError(
+            f"no config.json in Hugging Face model directory {shown(directory, quote=False)}"
+        )
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot read {directory}/config.json: {first}") from e
+        raise UserError(
+            f"cannot read {shown(directory, quote=False)}/config.json: {shown(first, quote=False)}"
+        ) from e
     known = config.to_dict()
     for key, value in (overrides or {}).items():
         if key not in known:
-            raise UserError(f"unknown model override {key!r} for {type(config).__name__}")
+            raise UserError(f"unknown model override {shown(key)} for {type(config).__name__}")
+        _check_override(key, value, known[key])
         setattr(config, key, value)
     return config
+
+
+# Architecture sizes an override may set, with their upper bounds (as for the Llama presets).
+_SIZES = {
+    "hidden_size": 2**20, "intermediate_size": 2**22, "num_hidden_layers": 1024,
+    "num_attention_heads": 2**14, "num_key_value_heads": 2**14, "head_dim": 2**14,
+    "vocab_size": 2**24, "max_position_embeddings": 2**24,
+}  # fmt: skip
+
+
+def _check_override(key: str, value: Any, old: Any) -> None:
+    """An override keeps the kind of value config.json has there (an integer stays an integer,
+    a number stays finite), and a size stays in [1, its bound]: UserError otherwise."""
+    bad = f"model.overrides.{key}"
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if key in _SIZES and not (is_int and 1 <= value <= _SIZES[key]):
+        raise UserError(f"{bad} must be an integer in [1, {_SIZES[key]}], got {shown(value)}")
+    if old is None or value is None:
+        return
+    if isinstance(old, bool) and not isinstance(value, bool):
+        raise UserError(f"{bad}: expected true or false, got {shown(value)}")
+    if isinstance(old, int) and not isinstance(old, bool) and not is_int:
+        raise UserError(f"{bad}: expected an integer, got {shown(value)}")
+    finite = is_int or (isinstance(value, float) and math.isfinite(value))
+    if isinstance(old, float) and not finite:
+        raise UserError(f"{bad}: expected a finite number, got {shown(value)}")
+    if isinstance(old, str | list | dict) and not isinstance(value, type(old)):
+        raise UserError(f"{bad}: expected a {type(old).__name__}, got {shown(value)}")
 
 
 def construct_hf(config: object) -> HFCausalLM:
@@ -152,9 +187,11 @@ def build_hf(directory: str, overrides: dict | None = None) -> tuple[HFCausalLM,
     try:
         with meta_params():
             model = AutoModelForCausalLM.from_config(config)
-    except (ValueError, KeyError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot build a causal LM from {directory}/config.json: {first}") from e
+        raise UserError(
+            f"cannot build a causal LM from {directory}/config.json: {shown(first, quote=False)}"
+        ) from e
     adapter = HFCausalLM(model)
     blocks = PREFIX + _find_blocks(model, set(getattr(model, "_no_split_modules", None) or ()))
 

@@ -21,7 +21,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zerofit.limits import shown
 from zerofit.models.loss import LMHead
+
+# Upper bounds of the integer fields: far above any real model, low enough that a typo cannot
+# ask for a model whose structure alone takes minutes to build (n_layers) or overflows int64.
+_SIZE_LIMITS = {
+    "dim": 2**20,
+    "n_layers": 1024,
+    "n_heads": 2**14,
+    "n_kv_heads": 2**14,
+    "vocab_size": 2**24,
+    "ffn_dim": 2**22,
+    "max_seq_len": 2**24,
+}
 
 
 @dataclass(frozen=True)
@@ -41,10 +54,20 @@ class LlamaArgs:
         return self.dim // self.n_heads
 
     def validate(self) -> None:
-        """Raise ValueError for shapes that cannot build a model."""
-        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        """Raise ValueError for shapes that cannot build a model (or only an absurd one)."""
+        for name, high in _SIZE_LIMITS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {shown(value)}")
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {shown(value)}")
+            if value > high:
+                raise ValueError(f"{name} must be at most {high}, got {shown(value)}")
+        for name in ("norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not (number and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {shown(value)}")
         if self.dim % self.n_heads:
             raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:

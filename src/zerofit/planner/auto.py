@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 
 from zerofit.config import Config, with_fields
@@ -15,7 +14,7 @@ from zerofit.planner.shape import detect_hardware, shape_from_config
 def resolve_auto(cfg: Config, world_size: int) -> Config:
     hw = detect_hardware()
     if hw is None:  # CPU processes on gloo: memory is host RAM, FSDP is the general answer
-        print("parallel.backend auto: no GPU, using fsdp", file=sys.stderr)
+        print("parallel.backend auto: no GPU, using fsdp", flush=True)
         return with_fields(cfg, {"parallel.backend": "fsdp"})
     hw = replace(
         hw,
@@ -30,6 +29,6 @@ def resolve_auto(cfg: Config, world_size: int) -> Config:
         )
     print(
         f"parallel.backend auto: {best.strategy.label} (predicted {best.memory.peak_reserved / 2**30:.1f} GiB per GPU)",
-        file=sys.stderr,
+        flush=True,
     )
     return with_fields(cfg, best.strategy.overrides())

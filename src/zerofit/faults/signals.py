@@ -1,0 +1,53 @@
+"""Preemption inside a worker: the first SIGTERM or SIGINT asks the run to stop after the current
+optimizer step (the trainer agrees on the step across ranks, saves and exits 128 + signal); a
+second one kills the process at once, by the signal's default action.
+
+Whatever sends it works: our launcher forwards the signal it gets, torchrun forwards its own, and
+Slurm and Kubernetes signal every task.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from types import FrameType
+
+HANDLED = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignals:
+    """Records the first stop signal; re-arms the default action so the next one is fatal."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.received_at: float | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in HANDLED:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum:
+            return
+        self.signum = signum
+        self.received_at = time.monotonic()
+        # A second signal (of either kind) now ends the process at once, even while this thread
+        # waits inside a collective where no Python handler could run.
+        for sig in HANDLED:
+            signal.signal(sig, signal.SIG_DFL)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -1,0 +1,280 @@
+"""Runs that survive: preemption signals, dead ranks, restarts, non-finite values and full disks,
+each ending in one line, with what was saved intact. Real 2-process runs (gloo)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import deep_update, write_config
+
+from zerofit.checkpoint import complete_checkpoints, select_checkpoint, verify
+
+pytestmark = pytest.mark.dist
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+INJECT = Path(__file__).resolve().parent / "faults_inject"
+LONG = {"train": {"steps": 400}}
+
+
+def start(
+    tmp: Path, name: str, extra: dict, *args: str, env: dict | None = None
+) -> subprocess.Popen:
+    """`zerofit train` in the background, with TMPDIR inside the test's directory."""
+    run_dir = tmp / name
+    cfg = write_config(tmp / f"{name}.yaml", deep_update({"log": {"run_dir": str(run_dir)}}, extra))
+    (tmp / "tmp").mkdir(exist_ok=True)
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp / "tmp"), **(env or {})}
+    paths = [str(SRC), *([str(INJECT)] if env else []), full_env.get("PYTHONPATH", "")]
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    cmd = [sys.executable, "-m", "zerofit.cli", "train", "-c", str(cfg), "--nproc", "2", *args]
+    return subprocess.Popen(
+        cmd, cwd=tmp, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, limit: float = 120) -> None:
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise AssertionError(f"ended early ({proc.returncode}): {proc.stderr.read()[-3000:]}")
+        try:
+            lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+            if lines and json.loads(lines[-1])["step"] >= step:
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"step {step} not reached in {limit} s")
+
+
+def finish(proc: subprocess.Popen, limit: float = 120) -> tuple[int, str, float]:
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=limit)
+    return proc.returncode, err.strip(), time.monotonic() - t0
+
+
+def leftovers(tmp: Path) -> list[str]:
+    """Temporary files of the launcher or torchelastic (torch's inductor cache dir is a cache)."""
+    return [
+        p.name for p in (tmp / "tmp").iterdir() if p.name.startswith(("zerofit", "torchelastic"))
+    ]
+
+
+def worker_pid(launcher: subprocess.Popen, local_rank: int) -> int:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == launcher.pid and f"LOCAL_RANK={local_rank}".encode() in environ:
+            return int(stat.parent.name)
+    raise AssertionError("worker not found")
+
+
+# ----------------------------------------------------------------------------- preemption
+def test_sigterm_finishes_the_step_saves_and_exits_143(tmp_path: Path) -> None:
+    proc = start(tmp_path, "run", LONG)
+    wait_for_step(proc, tmp_path / "run", 3)
+    proc.send_signal(signal.SIGTERM)
+    code, err, took = finish(proc)
+    assert code == 143, err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("stopped at step ") and " by SIGTERM; saved " in err, err
+    step = int(err.split()[3].rstrip(";"))
+    ckpt, meta, _ = select_checkpoint(tmp_path / "run" / "checkpoints")
+    assert meta["step"] == step and ckpt.name == f"step_{step:08d}"
+    assert took < 30
+    assert not leftovers(tmp_path), "temporary files left behind"
+    # The printed command continues the run.
+    command = err.split("continue with: ")[1]
+    assert command == f"zerofit train -c {tmp_path / 'run' / 'config.yaml'} --resume"
+    cfg = tmp_path / "run" / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("steps: 400", f"steps: {step + 2}"))
+    resumed = subprocess.run(
+        [sys.executable, "-m", "zerofit.cli", "train", "-c", str(cfg), "--nproc", "2", "--resume"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from {ckpt}" in resumed.stderr
+
+
+def test_second_sigint_stops_at_once_keeping_the_last_checkpoint(tmp_path: Path) -> None:
+    slow = {"checkpoint": {"every": 2}, "train": {"micro_batch_size": 48}}  # ~1 s steps
+    proc = start(tmp_path, "run", deep_update(LONG, slow))
+    wait_for_step(proc, tmp_path / "run", 3)
+    proc.send_signal(signal.SIGINT)
+    while not list((tmp_path / "tmp").glob("zerofit-launch-*/errors/STOP")):
+        time.sleep(0.005)  # the launcher took the first one (signals sent together merge)
+    proc.send_signal(signal.SIGINT)
+    code, err, took = finish(proc)
+    assert code == 130, err
+    assert len(err.splitlines()) == 1 and err.startswith("stopped at once by a second SIGINT"), err
+    assert took < 15
+    root = tmp_path / "run" / "checkpoints"
+    newest = complete_checkpoints(root)[-1]
+    verify(newest)  # the last good checkpoint is whole
+    assert f"The last checkpoint is {newest}" in err
+    assert not list(root.glob("*.tmp")), "the interrupted save was not cleaned up"
+    assert not leftovers(tmp_path)
+
+
+def test_signals_reach_workers_started_by_torchrun(tmp_path: Path) -> None:
+    """An external launcher (torchrun here; srun signals every task the same way): the signal
+    goes to each worker, rank 0 prints the line, every worker exits 143."""
+    run_dir = tmp_path / "run"
+    cfg = write_config(tmp_path / "run.yaml", deep_update(LONG, {"log": {"run_dir": str(run_dir)}}))
+    env = {**os.environ, "PYTHONPATH": str(SRC), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += ["-m", "zerofit.cli", "train", "-c", str(cfg)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    wait_for_step(proc, run_dir, 3)
+    for rank in (0, 1):
+        os.kill(worker_pid(proc, rank), signal.SIGTERM)
+    _, err, _ = finish(proc)
+    ours = [line for line in err.splitlines() if line.startswith("stopped at step")]
+    assert len(ours) == 1, err[-3000:]
+    step = int(ours[0].split()[3].rstrip(";"))
+    assert select_checkpoint(run_dir / "checkpoints")[1]["step"] == step
+    assert "exitcode: 143" in err or "exit code: 143" in err or "143" in err
+
+
+# ----------------------------------------------------------------------------- dead ranks
+def test_a_killed_rank_ends_the_job_with_its_signal_and_host_memory(tmp_path: Path) -> None:
+    proc = start(tmp_path, "run", LONG)
+    wait_for_step(proc, tmp_path / "run", 2)
+    os.kill(worker_pid(proc, 1), signal.SIGKILL)
+    code, err, took = finish(proc)
+    assert code == 1
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("error: rank 1 was killed by SIGKILL: likely the host's out-of-memory")
+    assert "GiB of RAM" in err and "No checkpoint was saved" in err
+    assert took < 60
+    assert not leftovers(tmp_path)
+
+
+def test_restart_after_a_killed_rank_ends_with_the_uninterrupted_loss(tmp_path: Path) -> None:
+    extra = {"train": {"steps": 10}, "checkpoint": {"every": 2}}
+    reference = start(tmp_path, "reference", extra)
+    assert finish(reference)[0] == 0
+    proc = start(tmp_path, "run", deep_update(extra, {"train": {"max_restarts": 1}}))
+    wait_for_step(proc, tmp_path / "run", 5)
+    os.kill(worker_pid(proc, 1), signal.SIGKILL)
+    code, err, _ = finish(proc, 240)
+    out = proc.stdout.read() if proc.stdout and not proc.stdout.closed else ""
+    assert code == 0, err[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    expected = json.loads((tmp_path / "reference" / "summary.json").read_text())
+    assert summary["final_step_loss"] == expected["final_step_loss"]
+    steps = [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert steps == sorted(set(steps)) and steps[-1] == 10  # one record per step
+    del out
+
+
+# ----------------------------------------------------------------------------- NaN and inf
+DIVERGE = {
+    "optim": {"lr": 1e30, "weight_decay": 0.0},
+    "train": {"steps": 6},
+    "checkpoint": {"every": 1, "keep_last": 10},
+}
+
+
+@pytest.mark.parametrize("backend", ["ddp", "fsdp", "deepspeed"])
+def test_a_diverging_run_stops_naming_the_step_and_saves_no_nan(
+    tmp_path: Path, backend: str
+) -> None:
+    import torch
+
+    from zerofit.checkpoint.neutral import NeutralView, open_reader
+
+    extra = deep_update(DIVERGE, {"parallel": {"backend": backend}})
+    if backend == "deepspeed":
+        extra = deep_update(extra, {"train": {"steps": 3}})
+    code, err, _ = finish(start(tmp_path, "run", extra), 300)
+    assert code == 3, err[-3000:]
+    assert len(err.splitlines()) == 1, err
+    assert "stopped at step 2: the loss is nan" in err, err
+    assert "the update was not applied (train.on_nonfinite: stop)" in err
+    saved = complete_checkpoints(tmp_path / "run" / "checkpoints")
+    assert [p.name for p in saved] == ["step_00000001"]
+    assert f"the last good checkpoint is {saved[0]}" in err
+    where = saved[0] / "model"
+    view = NeutralView(open_reader(where, verify(saved[0])["format"]), where)
+    assert view.entries
+    for key in view.entries:  # weights and AdamW moments
+        assert torch.isfinite(view.read(key).float()).all(), key
+
+
+@pytest.mark.parametrize("backend", ["fsdp", "deepspeed"])
+def test_skip_drops_a_nan_step_and_goes_on(tmp_path: Path, backend: str) -> None:
+    extra = {"train": {"steps": 5, "on_nonfinite": "skip"}, "parallel": {"backend": backend}}
+    proc = start(tmp_path, "run", extra, env={"ZEROFIT_TEST_NAN_AT": "3"})
+    code, err, _ = finish(proc, 300)
+    assert code == 0, err[-3000:]
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").open()]
+    skipped = [r for r in records if r.get("skipped")]
+    assert [r["step"] for r in skipped] == [3]
+    assert skipped[0]["loss"] is None and "loss" in skipped[0]["nonfinite"]
+    assert all(math.isfinite(r["loss"]) for r in records if not r.get("skipped"))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["nonfinite_skips"] == 1 and summary["loss_scale_skips"] == 0
+
+
+def test_skip_stops_after_too_many_in_a_row(tmp_path: Path) -> None:
+    extra = deep_update(DIVERGE, {"train": {"on_nonfinite": "skip", "max_skipped_steps": 2}})
+    code, err, _ = finish(start(tmp_path, "run", extra))
+    assert code == 3, err
+    assert "stopped at step 4:" in err and "3 non-finite steps in a row" in err, err
+    # The skipped steps' checkpoints hold step 1's (finite) weights.
+    assert [p.name for p in complete_checkpoints(tmp_path / "run" / "checkpoints")][-1] == (
+        "step_00000003"
+    )
+
+
+# ----------------------------------------------------------------------------- full disk
+def _tmpfs(path: Path, size: str) -> bool:
+    path.mkdir()
+    if os.geteuid() != 0:
+        return False
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)])
+    return done.returncode == 0
+
+
+@pytest.mark.parametrize("how", ["tmpfs", "injected"])
+def test_a_full_disk_names_the_errno_and_keeps_the_previous_checkpoint(
+    tmp_path: Path, how: str
+) -> None:
+    disk = tmp_path / "disk"
+    extra = {"train": {"steps": 8}, "checkpoint": {"every": 2, "dir": str(disk / "ck")}}
+    env = None
+    if how == "tmpfs":
+        if not _tmpfs(disk, "30m"):  # one ~22 MB checkpoint fits, two do not
+            pytest.skip("mounting a tmpfs needs root")
+    else:
+        env = {"ZEROFIT_TEST_ENOSPC": "step_00000004.tmp"}
+    try:
+        code, err, _ = finish(start(tmp_path, "run", extra, env=env))
+        assert code == 4, err
+        assert len(err.splitlines()) == 1, err
+        assert err.startswith(
+            "error: could not save the checkpoint of step 4: No space left on device (ENOSPC)"
+        )
+        previous = disk / "ck" / "step_00000002"
+        assert f"The previous checkpoint ({previous}) is intact" in err
+        assert select_checkpoint(disk / "ck")[0] == previous  # what --resume takes
+        assert not list((disk / "ck").glob("*.tmp"))
+    finally:
+        if how == "tmpfs":
+            subprocess.run(["umount", str(disk)])
