@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,15 +178,3 @@ def describe_os_error(exc: BaseException) -> str:
     what = e.strerror or str(e)
     where = f" writing {e.filename}" if e.filename else ""
     return f"{what} ({name}){where}"
-
-
-def exit_status_of(signum: int) -> int:
-    return 128 + signum if signum else 1
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True

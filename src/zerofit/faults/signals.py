@@ -22,18 +22,12 @@ class StopSignals:
     def __init__(self) -> None:
         self.signum = 0
         self.received_at: float | None = None
-        self._previous: dict[int, object] = {}
 
     def install(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in HANDLED:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                signal.signal(sig, self._handle)
         return self
-
-    def uninstall(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-        self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum:
