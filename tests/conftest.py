@@ -92,3 +92,18 @@ def assert_resume_exact(tmp: Path, extra: dict) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("runs")
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` deselection: torch is imported only for gpu tests kept
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` are skipped (not failed) where torch sees no CUDA device."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is false)")
+    for item in gpu_items:
+        item.add_marker(skip)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from zerofit.backends import registry
+from zerofit.backends import engines
 from zerofit.bench import expand, measure, parse_sweep, parse_variant
 from zerofit.errors import UserError
 
-OWNERS = {name: cls.own_keys for name, cls in registry().items()}
+OWNERS = {name: eng.own_keys() for name, eng in engines().items()}
 
 
 def test_parse_sweep_and_variant() -> None:
@@ -37,7 +37,7 @@ def test_engine_keys_are_swept_for_their_engine_only() -> None:
     sweeps = [
         ("train.micro_batch_size", ["1", "2"]),
         ("parallel.deepspeed.reduce_bucket_size", ["1000", "2000", "3000"]),
-        ("parallel.reshard_after_forward", ["true", "false"]),
+        ("parallel.fsdp.reshard_after_forward", ["true", "false"]),
     ]
     variants = expand(["ddp", "fsdp", "deepspeed"], sweeps, OWNERS)
     per = {b: [v for v in variants if v.overrides[0] == f"parallel.backend={b}"] for b in OWNERS}

@@ -26,10 +26,8 @@ def test_missing_config_file(capsys, tmp_path: Path) -> None:
 def test_bad_yaml(capsys, tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("train:\n  steps: [1, 2\n")
-    assert (
-        "bad YAML" in run_main(capsys, "-c", str(bad))
-        and "line" in capsys.readouterr().err + "line"
-    )
+    err = run_main(capsys, "-c", str(bad))
+    assert "bad YAML" in err and "at line 3, column 1" in err, err
 
 
 def test_unknown_keys_name_the_closest(capsys, tmp_path: Path) -> None:
@@ -37,9 +35,13 @@ def test_unknown_keys_name_the_closest(capsys, tmp_path: Path) -> None:
     cfg.write_text("trian:\n  steps: 3\n")
     assert "unknown config key 'trian' (did you mean 'train'?)" in run_main(capsys, "-c", str(cfg))
     assert "'train.stpes' (did you mean 'train.steps'?)" in run_main(capsys, "--train.stpes", "3")
-    assert "parallel.backend: unknown backend 'fsdp2' (did you mean 'parallel.fsdp'?)" in run_main(
-        capsys, "--parallel.backend", "fsdp2"
-    )
+    # a mistyped value gets the closest value, not a key that looks alike
+    err = run_main(capsys, "--parallel.backend", "fsdp2")
+    assert "parallel.backend: 'fsdp2' is not one of ddp, fsdp, deepspeed, auto" in err
+    assert err.endswith("(did you mean 'fsdp'?)"), err
+    err = run_main(capsys, "--parallel.backend", "deepsped")
+    assert err.endswith("(did you mean 'deepspeed'?)"), err
+    assert "(did you mean 'bf16'?)" in run_main(capsys, "--precision.mode", "bf61")
 
 
 def test_wrong_types_and_values(capsys) -> None:

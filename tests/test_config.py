@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from zerofit.config import (
     to_dict,
 )
 from zerofit.errors import UserError
+from zerofit.resolve import resolve
 from zerofit.schedule import lr_at
 
 
@@ -66,15 +68,30 @@ def test_override_beats_file(tmp_path: Path) -> None:
         ({"optim": {"lr": -1}}, "optim.lr must be a finite number > 0"),
         ({"train": {"steps": True}}, "train.steps: expected an integer"),
         ({"data": {"val_fraction": 1.5}}, "data.val_fraction must be in [0, 1)"),
-        ({"parallel": {"wrap": "layer"}}, "parallel.wrap: 'layer' is not one of block, size"),
+        (
+            {"parallel": {"fsdp": {"wrap": "layer"}}},
+            "parallel.fsdp.wrap: 'layer' is not one of block, size",
+        ),
+        (
+            {"parallel": {"backend": "fsdp2"}},
+            "parallel.backend: 'fsdp2' is not one of ddp, fsdp, deepspeed, auto (did you mean 'fsdp'?)",
+        ),
+        ({"precision": {"mode": "bf61"}}, "(did you mean 'bf16'?)"),
+        (
+            {"parallel": {"fsdp": {"cpu_ofload": True}}},
+            "unknown config key 'parallel.fsdp.cpu_ofload' (did you mean 'parallel.fsdp.cpu_offload'?)",
+        ),
+        ({"data": {"source": ["a.txt", 3]}}, "data.source[1]: expected a string, got 3"),
+        (
+            {"parallel": {"deepspeed": {"stage": True}}},
+            "parallel.deepspeed.stage: expected an integer, got True",
+        ),
         ({"log": {"every": 0}}, "log.every must be >= 1"),
         ({"train": "fast"}, "train: expected a mapping"),
     ],
 )
 def test_validation_messages(data: dict, message: str) -> None:
-    with pytest.raises(
-        UserError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")
-    ):
+    with pytest.raises(UserError, match=re.escape(message)):
         config_from_dict(data)
 
 
@@ -85,9 +102,31 @@ def test_batch_arithmetic() -> None:
     assert check_world(cfg, 4) == 4
     with pytest.raises(UserError, match="x data-parallel size=2 = 16"):
         check_world(cfg, 2)
-    hybrid = config_from_dict({"parallel": {"replicate_degree": 3}})
-    with pytest.raises(UserError, match="does not divide the world size 4"):
-        check_world(hybrid, 4)
+    hybrid = config_from_dict({"parallel": {"fsdp": {"replicate_degree": 3}}})
+    with pytest.raises(UserError, match="replicate_degree=3 does not divide the world size 4"):
+        resolve(hybrid, 4, "cpu")
+
+
+def test_resolve_makes_everything_explicit() -> None:
+    """One resolve: precision filled for the device, the engine's own resolution, world checks."""
+    cfg = resolve(config_from_dict({"parallel": {"backend": "deepspeed"}}), 2, "cpu")
+    assert (cfg.precision.mode, cfg.precision.param_dtype) == ("fp32", "fp32")
+    assert cfg.parallel.deepspeed.torch_adam is True  # DeepSpeed's CPU choice, made once
+    gpu = resolve(config_from_dict({}), 8, "cuda")
+    assert (gpu.precision.param_dtype, gpu.precision.master_dtype) == ("bf16", "fp32")
+    assert resolve(gpu, 8, "cuda") == gpu  # resolving a resolved config changes nothing
+
+
+def test_flat_fsdp_keys_still_load_with_a_note(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """Configs from before 0.2 had FSDP's options flat under parallel.*: they load, with one line."""
+    p = tmp_path / "old.yaml"
+    p.write_text("parallel: {backend: fsdp, cpu_offload: true, fsdp: {wrap: size}}\n")
+    cfg = load_config(p, ["parallel.reshard_after_forward=false"])
+    assert cfg.parallel.fsdp.cpu_offload and cfg.parallel.fsdp.wrap == "size"
+    assert cfg.parallel.fsdp.reshard_after_forward is False
+    err = capsys.readouterr().err
+    assert "parallel.cpu_offload" in err and "is now parallel.fsdp.cpu_offload" in err
+    assert "parallel.reshard_after_forward in the command line is now" in err
 
 
 def test_precision_resolution_is_explicit() -> None:

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from test_config_fuzz import Mutant, fuzz_workdir, problem, run_mutant
 
-from zerofit.config import Config, config_from_dict, load_config, read_yaml
+from zerofit.config import Config, config_from_dict, int_bounds, load_config, read_yaml
 from zerofit.errors import UserError
-from zerofit.limits import INT_RANGES, MAX_STRING, shown
+from zerofit.limits import MAX_STRING, shown
 from zerofit.models import build_model
 from zerofit.models.hf import _check_override
 from zerofit.yaml_safe import MAX_BYTES, MAX_DEPTH, MAX_NODES, load_yaml_text
@@ -193,9 +193,14 @@ def _fields(cls: type, prefix: str = "") -> dict[str, typing.Any]:
     return out
 
 
-def test_int_ranges_cover_every_integer_field() -> None:
+def test_every_integer_field_is_bounded() -> None:
+    """Each int field of the schema states both bounds (a new field without them fails here)."""
     ints = {k for k, tp in _fields(Config).items() if tp in (int, int | None)}
-    assert ints == set(INT_RANGES)
+    assert ints == set(INT_RANGES) and len(ints) >= 25
+    assert all(low is not None and high is not None for low, high in INT_RANGES.values())
+
+
+INT_RANGES = int_bounds()
 
 
 def _with(dotted: str, value: typing.Any) -> dict:
@@ -259,7 +264,7 @@ def test_numbers_out_of_range(name: str, value: typing.Any, needle: str) -> None
     ],
 )
 def test_strings_too_long_or_not_printable(value: str, needle: str) -> None:
-    for name in ("log.run_dir", "parallel.backend", "data.field"):
+    for name in ("log.run_dir", "data.tokenizer", "data.field"):
         with pytest.raises(UserError) as e:
             config_from_dict(_with(name, value))
         msg = str(e.value)

@@ -22,7 +22,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "sharded": train_run(tmp, "sharded", extra, "--nproc", "2"),
         # FSDP asked for, but replicate_degree = world size: every rank holds the whole model
         "unsharded": train_run(
-            tmp, "unsharded", {**extra, "parallel": {"replicate_degree": 2}}, "--nproc", "2"
+            tmp,
+            "unsharded",
+            {**extra, "parallel": {"fsdp": {"replicate_degree": 2}}},
+            "--nproc",
+            "2",
         ),
     }
 

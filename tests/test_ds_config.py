@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from zerofit.backends.deepspeed import DeepSpeedBackend
-from zerofit.config import DeepSpeedConfig, get_field, load_config, resolve_precision
-from zerofit.ds_config import TABLE, merge_user_json, to_ds_json
+from zerofit.backends.deepspeed.ds_json import TABLE, merge_user_json, to_ds_json
+from zerofit.backends.deepspeed.options import DeepSpeedOptions
+from zerofit.config import get_field, load_config
 from zerofit.errors import UserError
+from zerofit.resolve import resolve
 
 SEED = Path(__file__).resolve().parents[1] / "configs" / "deepspeed"
 NOT_IN_JSON = {"config", "leaf_blocks"}  # zerofit-side options with no DeepSpeed JSON key
@@ -19,12 +20,11 @@ NOT_IN_JSON = {"config", "leaf_blocks"}  # zerofit-side options with no DeepSpee
 
 def prepared(overrides: list[str], world: int = 2):
     cfg = load_config(None, ["parallel.backend=deepspeed", *overrides])
-    cfg = DeepSpeedBackend.prepare_config(cfg, world, "cpu")
-    return dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, "cpu"))
+    return resolve(cfg, world, "cpu")
 
 
 def test_every_deepspeed_option_has_a_row() -> None:
-    fields = {f"parallel.deepspeed.{f.name}" for f in dataclasses.fields(DeepSpeedConfig)} - {
+    fields = {f"parallel.deepspeed.{f.name}" for f in dataclasses.fields(DeepSpeedOptions)} - {
         f"parallel.deepspeed.{n}" for n in NOT_IN_JSON
     }
     assert fields <= {row.field for row in TABLE}

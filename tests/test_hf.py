@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from conftest import deep_update, losses, train_run
 
 from zerofit.config import config_from_dict
-from zerofit.trainer import build_inputs, make_loader
+from zerofit.inputs import build_inputs, make_loader
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.dist

@@ -1,31 +1,34 @@
-"""Fast CPU tests for zerofit.models: Llama presets, meta building, init, and the HF adapter."""
+"""Fast CPU tests for zerofit.models: Llama presets, meta building, init, shapes, and the HF adapter.
+
+The HF tests take the ``transformers`` fixture, which skips just them when it is not installed.
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
+from zerofit.config import config_from_dict
 from zerofit.errors import UserError
 from zerofit.models import PRESETS, build_model, preset_names
-from zerofit.models.llama import (
-    Llama,
-    LlamaArgs,
-    flops_per_token,
-    grouped_attention,
-    num_params,
-)
+from zerofit.models.init import Initializer, init_llama_param_, llama_init
+from zerofit.models.llama import Llama, LlamaArgs, grouped_attention, param_shapes
 from zerofit.models.meta import allocate_, meta_params
+from zerofit.models.shape import ModelShape, shape_from_config, shape_from_hf_config
 
 MICRO = LlamaArgs(
     dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_dim=48, max_seq_len=64
 )
 
 
-def _init_all(module: nn.Module, init_param_, seed: int) -> None:
+def _init_all(module: nn.Module, init_param_: Initializer, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in module.named_parameters():
@@ -36,31 +39,75 @@ def _built_llama(args: LlamaArgs, seed: int = 0) -> Llama:
     with meta_params():
         model = Llama(args)
     model.to_empty(device="cpu")
-    _init_all(model, model.init_param_, seed)
+    _init_all(model, llama_init(args), seed)
     return model
 
 
-def test_num_params_matches_built_model() -> None:
+def _numel(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_shape_counts_match_built_model() -> None:
     for name in preset_names():
         with meta_params():
             model = Llama(PRESETS[name])
-        assert num_params(PRESETS[name]) == sum(p.numel() for p in model.parameters()), name
-    assert num_params(PRESETS["llama3-8b"]) == 8_030_261_248
-    assert num_params(PRESETS["llama3-1b"]) == 1_498_482_688
-    assert num_params(PRESETS["13b"]) == 13_015_864_320
-    assert num_params(PRESETS["70b"]) == 70_553_706_496
-    tiny = PRESETS["tiny"]
-    assert 2e6 < num_params(tiny) < 4e6
-    assert num_params(tiny, exclude_embedding=True) == num_params(tiny) - 512 * 256
+        shape = ModelShape.from_llama_args(PRESETS[name])
+        assert shape.num_params == _numel(model), name
+        assert shape.num_params == sum(
+            torch.Size(s).numel() for s in param_shapes(PRESETS[name]).values()
+        )
+        assert shape.block_params == _numel(model.layers[0]), name
+        assert shape.root_params == _numel(model) - _numel(model.layers), name
+        assert shape.embedding_params == model.tok_embeddings.weight.numel(), name
+    published = {"llama3-8b": 8_030_261_248, "llama3-1b": 1_498_482_688, "13b": 13_015_864_320}
+    published["70b"] = 70_553_706_496
+    for name, count in published.items():
+        assert ModelShape.from_llama_args(PRESETS[name]).num_params == count, name
+    tiny = ModelShape.from_llama_args(PRESETS["tiny"])
+    assert 2e6 < tiny.num_params < 4e6
+    assert tiny.non_embedding_params == tiny.num_params - 512 * 256 == tiny.flops_params
 
 
 def test_flops_per_token_by_hand() -> None:
-    a = PRESETS["tiny"]
     per_layer = 2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 768 + 2 * 256
     n_no_embed = 4 * per_layer + 256 + 512 * 256  # layers + final norm + output head
-    assert flops_per_token(a, 128) == 6 * n_no_embed + 12 * 4 * 256 * 128
     spec = build_model(preset="tiny")
-    assert spec.flops_per_token(128) == flops_per_token(a, 128)
+    assert spec.shape == ModelShape.from_llama_args(PRESETS["tiny"], "tiny", fused_head=True)
+    assert spec.flops_per_token(128) == 6 * n_no_embed + 12 * 4 * 256 * 128
+    assert spec.num_params == spec.shape.num_params == n_no_embed + 512 * 256
+    assert build_model(preset="tiny", loss_chunk=0).shape.fused_head is False
+    # A tied head shares the embedding's weights (counted once) but still does its matmul.
+    tied = ModelShape("t", 4, 256, 4, 2, 768, 512, tied_embeddings=True)
+    assert tied.num_params == spec.num_params - 512 * 256
+    assert tied.flops_params == n_no_embed and tied.non_embedding_params == n_no_embed - 512 * 256
+
+
+def test_shape_from_hf_and_zerofit_configs(tmp_path: Path) -> None:
+    hf = {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 512,
+          "num_key_value_heads": 2, "intermediate_size": 768, "tie_word_embeddings": False}  # fmt: skip
+    tiny = ModelShape.from_llama_args(PRESETS["tiny"], "tiny")
+    assert shape_from_hf_config(hf).num_params == tiny.num_params
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    from_file = shape_from_hf_config(tmp_path / "config.json")
+    assert from_file.flops_per_token(64) == tiny.flops_per_token(64)
+    from_dir = shape_from_hf_config(tmp_path, {"num_hidden_layers": 2})
+    assert from_dir.n_layers == 2 and from_dir.name == tmp_path.name
+
+    preset = {"preset": "tiny", "overrides": {"n_layers": 2}, "loss_chunk": 0}
+    two = ModelShape.from_llama_args(replace(PRESETS["tiny"], n_layers=2), "tiny")
+    assert shape_from_config(config_from_dict({"model": preset})) == two
+    hf_model = {"preset": None, "hf": str(tmp_path), "overrides": {"num_hidden_layers": 3}}
+    from_cfg = shape_from_config(config_from_dict({"model": hf_model}))
+    assert from_cfg.n_layers == 3 and not from_cfg.fused_head  # the HF adapter never fuses
+
+    for bad in ({**hf, "hidden_size": "256"}, {**hf, "vocab_size": 0}, {"hidden_size": 8}):
+        with pytest.raises(UserError, match="not a decoder config"):
+            shape_from_hf_config(bad)
+    (tmp_path / "config.json").write_text("[1]")
+    with pytest.raises(UserError, match="not a decoder config"):
+        shape_from_hf_config(tmp_path)
+    with pytest.raises(UserError, match="no config.json"):
+        shape_from_hf_config(tmp_path / "missing")
 
 
 def test_model_has_no_buffers_and_params_on_meta() -> None:
@@ -116,7 +163,8 @@ def test_init_is_deterministic_and_uses_only_generator() -> None:
 
     state = torch.random.get_rng_state()
     t = torch.empty(256, 256)
-    a.init_param_("layers.1.attention.wq.weight", t, torch.Generator().manual_seed(5))
+    init_ = llama_init(PRESETS["tiny"])
+    init_("layers.1.attention.wq.weight", t, torch.Generator().manual_seed(5))
     assert torch.equal(state, torch.random.get_rng_state())
 
 
@@ -128,15 +176,16 @@ def test_init_values_and_wrapped_names() -> None:
     assert abs(wo_std - 0.02 / (8**0.5)) < 0.002
     gen = torch.Generator().manual_seed(0)
     t1, t2 = torch.empty(768, 256), torch.empty(768, 256)
-    model.init_param_("layers.2._checkpoint_wrapped_module.feed_forward.w1.weight", t1, gen)
-    model.init_param_(
-        "_orig_mod.layers.2.feed_forward.w1.weight", t2, torch.Generator().manual_seed(0)
+    a = PRESETS["tiny"]
+    init_llama_param_(a, "layers.2._checkpoint_wrapped_module.feed_forward.w1.weight", t1, gen)
+    init_llama_param_(
+        a, "_orig_mod.layers.2.feed_forward.w1.weight", t2, torch.Generator().manual_seed(0)
     )
     assert torch.equal(t1, t2)
-    with pytest.raises(ValueError):
-        model.init_param_("layers.2.feed_forward.w9.weight", t1, gen)
-    with pytest.raises(ValueError):
-        model.init_param_("layers.2.feed_forward.w1.weight", torch.empty(10, 256), gen)
+    with pytest.raises(ValueError, match="unknown Llama parameter"):
+        init_llama_param_(a, "layers.2.feed_forward.w9.weight", t1, gen)
+    with pytest.raises(ValueError, match="expected full shape"):
+        init_llama_param_(a, "layers.2.feed_forward.w1.weight", torch.empty(10, 256), gen)
 
 
 def test_checkpoint_wrapped_blocks_init_and_forward() -> None:
@@ -150,7 +199,7 @@ def test_checkpoint_wrapped_blocks_init_and_forward() -> None:
     apply_activation_checkpointing(model, check_fn=lambda m: type(m).__name__ == "TransformerBlock")
     assert any("_checkpoint_wrapped_module" in n for n, _ in model.named_parameters())
     model.to_empty(device="cpu")
-    _init_all(model, model.init_param_, seed=7)
+    _init_all(model, llama_init(MICRO), seed=7)
     tokens = torch.randint(0, 64, (2, 9))
     torch.testing.assert_close(model(tokens), ref(tokens))
     model(tokens).sum().backward()
@@ -169,18 +218,22 @@ def test_unknown_preset_and_override() -> None:
 
 # ---- Hugging Face ----------------------------------------------------------------------------
 
-transformers = pytest.importorskip("transformers")
+
+@pytest.fixture
+def transformers() -> ModuleType:
+    """The transformers package; skips the test (only it) when it is not installed."""
+    return pytest.importorskip("transformers")
 
 
-def _tiny_llama_config(**kw) -> transformers.LlamaConfig:
+def _tiny_llama_config(transformers: ModuleType, **kw: object) -> Any:
     return transformers.LlamaConfig(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         vocab_size=128, intermediate_size=128, max_position_embeddings=256, **kw,
     )  # fmt: skip
 
 
-def test_hf_build_and_forward(tmp_path: Path) -> None:
-    _tiny_llama_config().save_pretrained(tmp_path)
+def test_hf_build_and_forward(tmp_path: Path, transformers: ModuleType) -> None:
+    _tiny_llama_config(transformers).save_pretrained(tmp_path)
     spec = build_model(hf=str(tmp_path))
     blocks = spec.module.get_submodule(spec.blocks_path)
     assert isinstance(blocks, nn.ModuleList) and len(blocks) == 2
@@ -190,6 +243,14 @@ def test_hf_build_and_forward(tmp_path: Path) -> None:
     assert spec.num_params == sum(p.numel() for p in spec.module.parameters())
     n_no_embed = spec.num_params - 128 * 64
     assert spec.flops_per_token(32) == 6 * n_no_embed + 12 * 2 * 64 * 32
+    assert spec.shape.measured is not None and not spec.shape.fused_head
+    blocks_numel = sum(p.numel() for p in blocks.parameters())
+    assert spec.shape.block_params == blocks_numel // 2
+    assert spec.shape.root_params == spec.num_params - blocks_numel
+    # The planner's view (config.json alone) agrees with the counts of the built model.
+    from_config = shape_from_hf_config(tmp_path)
+    assert from_config.num_params == spec.num_params
+    assert from_config.flops_per_token(32) == spec.flops_per_token(32)
     json.dumps(spec.fingerprint)
 
     allocate_(spec.module, "cpu")
@@ -207,14 +268,16 @@ def test_hf_build_and_forward(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_hf_weights_roundtrip(tmp_path: Path, tied: bool) -> None:
+def test_hf_weights_roundtrip(tmp_path: Path, transformers: ModuleType, tied: bool) -> None:
     torch.manual_seed(0)
     real = transformers.AutoModelForCausalLM.from_config(
-        _tiny_llama_config(tie_word_embeddings=tied)
+        _tiny_llama_config(transformers, tie_word_embeddings=tied)
     )
     real.save_pretrained(tmp_path, safe_serialization=True)
     saved = real.state_dict()
     spec = build_model(hf=str(tmp_path))
+    assert spec.shape.tied_embeddings is tied
+    assert spec.shape.flops_params == spec.num_params - (0 if tied else 128 * 64)
     assert spec.weights is not None
     for name, p in spec.module.named_parameters():
         got = spec.weights(name)
@@ -225,7 +288,7 @@ def test_hf_weights_roundtrip(tmp_path: Path, tied: bool) -> None:
     assert torch.equal(spec.weights("hf._orig_mod.model.norm.weight"), saved["model.norm.weight"])
 
 
-def test_hf_user_errors(tmp_path: Path) -> None:
+def test_hf_user_errors(tmp_path: Path, transformers: ModuleType) -> None:
     with pytest.raises(UserError, match="not found"):
         build_model(hf=str(tmp_path / "missing"))
     with pytest.raises(UserError, match="config.json"):

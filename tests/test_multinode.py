@@ -15,7 +15,7 @@ from conftest import deep_update, losses, train_run, write_config
 
 pytestmark = pytest.mark.dist
 
-HYBRID = {"parallel": {"backend": "fsdp", "replicate_degree": 2}, "train": {"steps": 6}}
+HYBRID = {"parallel": {"backend": "fsdp", "fsdp": {"replicate_degree": 2}}, "train": {"steps": 6}}
 
 
 def _free_port() -> int:

@@ -22,10 +22,10 @@ RTOL = 1e-5
 
 VARIANTS = {
     "ddp": {"parallel": {"backend": "ddp"}},
-    "fsdp_full_shard": {"parallel": {"backend": "fsdp", "reshard_after_forward": True}},
-    "fsdp_grad_op": {"parallel": {"backend": "fsdp", "reshard_after_forward": False}},
-    "fsdp_hybrid": {"parallel": {"backend": "fsdp", "replicate_degree": 2}},
-    "fsdp_cpu_offload": {"parallel": {"backend": "fsdp", "cpu_offload": True}},
+    "fsdp_full_shard": {"parallel": {"backend": "fsdp", "fsdp": {"reshard_after_forward": True}}},
+    "fsdp_grad_op": {"parallel": {"backend": "fsdp", "fsdp": {"reshard_after_forward": False}}},
+    "fsdp_hybrid": {"parallel": {"backend": "fsdp", "fsdp": {"replicate_degree": 2}}},
+    "fsdp_cpu_offload": {"parallel": {"backend": "fsdp", "fsdp": {"cpu_offload": True}}},
     "fsdp_ac_full": {"parallel": {"backend": "fsdp", "activation_checkpointing": "full"}},
     "fsdp_ac_selective": {"parallel": {"backend": "fsdp", "activation_checkpointing": "selective"}},
     "fsdp_size_wrap_ac_every2": {

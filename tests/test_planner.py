@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from zerofit.cli import main
-from zerofit.planner.memory import Strategy, Workload, block_activation_bytes, estimate
+from zerofit.models.shape import ModelShape, shape_from_config, shape_from_preset
+from zerofit.planner.memory import Strategy, block_activation_bytes, estimate
 from zerofit.planner.plan import plan, recommend
-from zerofit.planner.shape import Hardware, ModelShape, parse_size, shape_from_preset
+from zerofit.planner.shape import Hardware, parse_size
+from zerofit.planner.terms import Workload
 
 GIB = 2**30
 LLAMA2_7B = ModelShape("llama2-7b", 32, 4096, 32, 32, 11008, 32000)
@@ -41,14 +43,14 @@ def test_block_activations_by_hand() -> None:
 def test_fsdp_model_states_by_hand() -> None:
     """FSDP full shard over 4 ranks, fp32 master: params 4P/4, grads 4P/4, AdamW 8P/4."""
     m = LLAMA2_7B
-    mem = estimate(m, Workload(1, 128, 4), Strategy("fsdp"))
+    mem = estimate(m, Workload(1, 128, 4), Strategy.of("fsdp"))
     P = m.num_params
     assert (mem.parameters, mem.gradients, mem.optimizer_states) == (P, P, 2 * P)
 
 
 def test_loading_needs_one_full_fp32_tensor_of_host_ram() -> None:
     m = shape_from_preset("llama3-8b")
-    assert estimate(m, Workload(1, 128, 8), Strategy("fsdp")).loading_host == 4 * 128256 * 4096
+    assert estimate(m, Workload(1, 128, 8), Strategy.of("fsdp")).loading_host == 4 * 128256 * 4096
 
 
 def test_deepspeed_published_model_state_formulas() -> None:
@@ -58,13 +60,13 @@ def test_deepspeed_published_model_state_formulas() -> None:
     m, W = LLAMA2_7B, 8
     P = m.num_params
     w = Workload(1, 128, W, reduce_dtype="fp32")
-    s3 = estimate(m, w, Strategy("deepspeed", stage=3))
+    s3 = estimate(m, w, Strategy.of("deepspeed", stage=3))
     assert s3.parameters + s3.gradients + s3.optimizer_states == pytest.approx(18 * P / W)
-    off = estimate(m, w, Strategy("deepspeed", stage=3, offload_optimizer="cpu"))
+    off = estimate(m, w, Strategy.of("deepspeed", stage=3, offload_optimizer="cpu"))
     assert off.parameters + off.gradients + off.optimizer_states == pytest.approx(2 * P / W)
     assert off.host * W == pytest.approx(16 * P)
     both = estimate(
-        m, w, Strategy("deepspeed", stage=3, offload_optimizer="cpu", offload_param="cpu")
+        m, w, Strategy.of("deepspeed", stage=3, offload_optimizer="cpu", offload_param="cpu")
     )
     assert both.parameters + both.gradients + both.optimizer_states == 0
     assert both.host * W == pytest.approx(18 * P)
@@ -73,9 +75,9 @@ def test_deepspeed_published_model_state_formulas() -> None:
 @pytest.mark.parametrize(
     ("strategy", "measured_gib"),
     [  # peak allocated on one H200, llama3-1b, mbs 4, seq 2048 (docs/benchmarks/2026-12-02-*.md)
-        (Strategy("fsdp"), 43.10),
-        (Strategy("ddp"), 46.78),
-        (Strategy("deepspeed", stage=3), 50.42),
+        (Strategy.of("fsdp"), 43.10),
+        (Strategy.of("ddp"), 46.78),
+        (Strategy.of("deepspeed", stage=3), 50.42),
     ],
 )
 def test_within_ten_percent_of_measured_h200_peaks(strategy: Strategy, measured_gib: float) -> None:
@@ -98,19 +100,25 @@ def _best(model: ModelShape, gpu_gb: int) -> Strategy:
 
 def test_seed_7b_on_24gb_goes_to_zero3_cpu_offload() -> None:
     s = _best(LLAMA2_7B, 24)
-    assert (s.backend, s.stage, s.offload_optimizer) == ("deepspeed", 3, "cpu")
+    assert (s.backend, s.options.stage, s.options.offload_optimizer) == ("deepspeed", 3, "cpu")
 
 
 def test_seed_7b_on_40gb_goes_to_fsdp_bf16() -> None:
     s = _best(LLAMA2_7B, 40)
-    assert s.backend == "fsdp" and not s.cpu_offload and SEED_WORKLOAD.compute_dtype == "bf16"
+    assert s.backend == "fsdp" and not s.options.cpu_offload
+    assert SEED_WORKLOAD.compute_dtype == "bf16"
 
 
 def test_seed_13b_on_40gb_fits_only_with_offload() -> None:
     hw = Hardware(8, 40 * 10**9, cpu_mem=512 * GIB)
     options = plan(LLAMA2_13B, SEED_WORKLOAD, hw)
     fitting = [o.strategy for o in options if o.fits]
-    assert fitting and all(s.cpu_offload or s.offload_optimizer != "none" for s in fitting)
+    offloaded = [getattr(s.options, "cpu_offload", False) for s in fitting]
+    offloaded = [
+        o or getattr(s.options, "offload_optimizer", "none") != "none"
+        for o, s in zip(offloaded, fitting, strict=True)
+    ]
+    assert fitting and all(offloaded)
 
 
 def test_cli_json_and_write(tmp_path, capsys) -> None:
@@ -193,7 +201,6 @@ def test_compiled_runs_within_ten_percent_of_measured(
 ) -> None:
     from zerofit.config import load_config
     from zerofit.planner.memory import strategy_for, workload_for
-    from zerofit.planner.shape import shape_from_config
 
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(str(root / config), overrides)
@@ -222,7 +229,6 @@ def test_speed_roofline_against_measured(
 ) -> None:
     from zerofit.config import load_config
     from zerofit.planner.memory import strategy_for, workload_for
-    from zerofit.planner.shape import shape_from_config
     from zerofit.planner.speed import predict
 
     root = Path(__file__).resolve().parents[1]
@@ -235,8 +241,10 @@ def test_speed_roofline_against_measured(
 def test_selective_checkpointing_sits_between_none_and_full() -> None:
     m, w = shape_from_preset("llama3-8b"), Workload(2, 4096, 1)
     acts = {
-        ac: estimate(m, w, Strategy("fsdp", activation_checkpointing=ac, compile=True)).activations
+        ac: estimate(
+            m, w, Strategy.of("fsdp", activation_checkpointing=ac, compile=True)
+        ).activations
         for ac in ("none", "selective", "full")
     }
     assert acts["full"] < acts["selective"] < acts["none"]
-    assert Strategy("fsdp", activation_checkpointing="selective").label.endswith("+ SAC")
+    assert Strategy.of("fsdp", activation_checkpointing="selective").label.endswith("+ SAC")

@@ -32,7 +32,8 @@ CRASH = textwrap.dedent(
     from pathlib import Path
     from zerofit.backends.torch_common import TorchBackend
     from zerofit.config import load_config
-    from zerofit.trainer import run_training
+    from zerofit.resolve import resolve
+    from zerofit.run import run_training
 
     original = TorchBackend.save
     calls = []
@@ -44,7 +45,7 @@ CRASH = textwrap.dedent(
             os._exit(9)                   # ...and the process dies before meta.json and the rename
 
     TorchBackend.save = dying_save
-    cfg = load_config(sys.argv[1])
+    cfg = resolve(load_config(sys.argv[1]), int(os.environ["WORLD_SIZE"]), "cpu")
     run_training(cfg, Path(sys.argv[2]), None)
     """
 )

@@ -20,7 +20,7 @@ Z = {"parallel": {"backend": "deepspeed"}}
 LAYOUTS = {
     "fsdp@2": ({"parallel": {"backend": "fsdp"}, "train": {"micro_batch_size": 2}}, 2),
     "ddp@1": ({"parallel": {"backend": "ddp"}, "train": {"micro_batch_size": 2, "grad_accum_steps": 2}}, 1),
-    "fsdp-hybrid@2": ({"parallel": {"backend": "fsdp", "replicate_degree": 2}, "train": {"micro_batch_size": 2}}, 2),
+    "fsdp-hybrid@2": ({"parallel": {"backend": "fsdp", "fsdp": {"replicate_degree": 2}}, "train": {"micro_batch_size": 2}}, 2),
     "fsdp@1": ({"parallel": {"backend": "fsdp"}, "train": {"micro_batch_size": 4}}, 1),
     "z3@1": (deep_update(Z, {"parallel": {"deepspeed": {"stage": 3}}, "train": {"micro_batch_size": 1, "grad_accum_steps": 4}}), 1),
     "z2@2": (deep_update(Z, {"parallel": {"deepspeed": {"stage": 2}}, "train": {"micro_batch_size": 2}}), 2),

@@ -1,3 +1,3 @@
 """zerofit: FSDP2, DeepSpeed ZeRO and DDP behind one config."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,169 +1,48 @@
-"""The typed run configuration: schema, YAML loading, dotted overrides, validation.
+"""Loading the run configuration: YAML plus dotted overrides, validated once by pydantic.
 
-Every section is a dataclass. Loading walks the YAML mapping against the dataclass fields, so an
-unknown key is rejected by name (with the closest valid one), and a value of the wrong type is
-rejected with its dotted path. Cross-field checks live in `validate`.
+The schema (`zerofit.schema`) is pydantic dataclasses; pydantic does the typing and bounds, and
+`zerofit.config_errors` turns its first error into one line that names the dotted key and, for an
+unknown key or value, the closest valid one. Cross-field checks live in `validate`; what needs the
+world size or the device lives in `zerofit.resolve`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import difflib
 import functools
-import types
+import sys
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
+from pydantic import TypeAdapter, ValidationError
 
+from zerofit.backends.catalog import SECTIONS
+from zerofit.config_errors import pick
 from zerofit.errors import UserError
-from zerofit.limits import (
-    MAX_PATH_LEVELS,
-    MAX_STRING,
-    check_deepspeed,
-    check_optim,
-    check_ranges,
-    shown,
-)
-from zerofit.schema import (  # noqa: F401  (re-exported: the schema is part of this module's API)
-    CheckpointConfig,
-    Config,
-    DataConfig,
-    DeepSpeedConfig,
-    LogConfig,
-    ModelConfig,
-    OptimConfig,
-    ParallelConfig,
-    PrecisionConfig,
-    TrainConfig,
-)
+from zerofit.limits import MAX_PATH_LEVELS, check_optim, shown
+from zerofit.schema import Config, PrecisionConfig
 from zerofit.yaml_safe import load_yaml_file, load_yaml_text
 
 # ----------------------------------------------------------------------------- conversion
 
 
 @functools.cache
-def _type_hints(cls: type, extras: bool = False) -> dict[str, Any]:
-    """A dataclass's resolved annotations (evaluating them is slow; the schema never changes)."""
-    return typing.get_type_hints(cls, include_extras=extras)
+def _adapter() -> TypeAdapter[Config]:
+    return TypeAdapter(Config)
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _convert(value: Any, tp: Any, path: str) -> Any:
-    """Check/convert one YAML value against a (resolved) type annotation."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _convert(value, arg, path)
-            except UserError as e:
-                errors.append(str(e))
-        raise UserError(
-            errors[-1]
-            if len(errors) == 1
-            else f"{path}: {shown(value)} is not a valid {_type_name(tp)}"
-        )
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value not in choices:
-            raise UserError(f"{path}: {shown(value)} is not one of {', '.join(map(str, choices))}")
-        return value
-    if origin in (list, tuple):
-        if not isinstance(value, list | tuple):
-            raise UserError(f"{path}: expected a list, got {shown(value)}")
-        args = typing.get_args(tp)
-        if origin is tuple and len(args) != len(value):
-            raise UserError(f"{path}: expected {len(args)} values, got {len(value)}")
-        items = args if origin is tuple else [args[0]] * len(value)
-        out = [
-            _convert(v, t, f"{path}[{i}]")
-            for i, (v, t) in enumerate(zip(value, items, strict=True))
-        ]
-        return tuple(out) if origin is tuple else out
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise UserError(f"{path}: expected a mapping, got {shown(value)}")
-        return dict(value)
-    if dataclasses.is_dataclass(tp):
-        return _from_dict(tp, value, path)
-    if tp is Any:
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise UserError(f"{path}: expected true or false, got {shown(value)}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        number = value
-        if isinstance(value, str):  # '5e7' (YAML 1.1 reads it as a string): bucket sizes
-            with contextlib.suppress(ValueError):
-                number = float(value)
-        if isinstance(number, float) and number.is_integer():
-            return int(number)
-        raise UserError(f"{path}: expected an integer, got {shown(value)}")
-    if tp is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML reads 3e-4 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise UserError(f"{path}: expected a number, got {shown(value)}")
-    if tp is str:
-        if isinstance(value, str):
-            return _check_text(value, path)
-        raise UserError(f"{path}: expected a string, got {shown(value)}")
-    raise TypeError(f"unsupported annotation {tp!r} at {path}")
-
-
-def _check_text(value: str, path: str) -> str:
-    """A config string: at most MAX_STRING characters, all printable (a path or a name never
-    needs a control, format or line-break character, and each would break an error line)."""
-    if len(value) > MAX_STRING:
-        raise UserError(
-            f"{path}: too long ({len(value)} characters; at most {MAX_STRING}): {shown(value)}"
-        )
-    if not value.isprintable():
-        i, ch = next((i, c) for i, c in enumerate(value) if not c.isprintable())
-        what = "a NUL byte" if ch == "\x00" else f"the non-printable character {ch!r}"
-        raise UserError(f"{path}: contains {what} at position {i}: {shown(value)}")
-    return value
-
-
-def _from_dict(cls: type, data: Any, path: str) -> Any:
+def _from_dict(data: Any) -> Config:
+    """Validate a mapping of sections against the schema; any problem becomes one UserError line."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise UserError(f"{path or 'config'}: expected a mapping, got {shown(data)}")
-    hints = _type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        dotted = f"{path}.{key}" if path else str(key)
-        if key not in names:
-            raise UserError(f"unknown config key {shown(dotted)}{_suggest(str(key), names, path)}")
-        kwargs[key] = _convert(value, hints[key], dotted)
-    return cls(**kwargs)
-
-
-def _suggest(key: str, names: list[str], path: str) -> str:
-    close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
-    if close:
-        return f" (did you mean '{path + '.' if path else ''}{close[0]}'?)"
-    return f"; valid keys: {', '.join(names)}"
+        raise UserError(f"config: expected a mapping, got {shown(data)}")
+    try:
+        return _adapter().validate_python(data)
+    except ValidationError as e:
+        raise UserError(pick(e.errors(include_url=False), data)) from None
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -249,15 +128,15 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Load a YAML config (or the embedded defaults when path is None), apply dotted overrides."""
-    data = read_yaml(path) if path else {}
-    extra = parse_overrides(overrides or [])
+    data = migrate(read_yaml(path) if path else {}, str(path) if path else "the config")
+    extra = migrate(parse_overrides(overrides or []), "the command line")
     _check_mergeable(data, extra)
     data = deep_merge(data, extra, frozenset({"overrides"}))
     return config_from_dict(data)
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:
-    cfg = _from_dict(Config, data, "")
+    cfg = _from_dict(data)
     validate(cfg)
     object.__setattr__(cfg, "_explicit", frozenset(_leaf_keys(data)))
     return cfg
@@ -338,33 +217,21 @@ def _check_paths(cfg: Config) -> None:
 
 
 def validate(cfg: Config) -> None:
-    """Checks that need no hardware or world size (those live in `check_world`)."""
-    m, p = cfg.model, cfg.parallel
+    """Checks across fields that need no hardware or world size (those live in `zerofit.resolve`)."""
+    m = cfg.model
     if (m.preset is None) == (m.hf is None):
         raise UserError("model: give exactly one of model.preset and model.hf")
-    check_ranges(cfg)
     if cfg.checkpoint.export_final and not cfg.checkpoint.save_final:
         raise UserError("checkpoint.export_final exports the final checkpoint: it needs save_final")
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise UserError(f"data.val_fraction must be in [0, 1), got {cfg.data.val_fraction}")
     check_optim(cfg.optim)
-    check_deepspeed(p.deepspeed)
     _check_paths(cfg)
-    from zerofit.backends import backend_names  # late: backends import torch
-
-    if p.backend not in [*backend_names(), "auto"]:
-        raise UserError(
-            f"parallel.backend: unknown backend {shown(p.backend)}{_suggest(p.backend, backend_names(), 'parallel')}"
-        )
 
 
 def check_world(cfg: Config, world_size: int) -> int:
     """Batch arithmetic against the world size; returns the data-parallel size."""
-    t, p = cfg.train, cfg.parallel
-    if world_size % p.replicate_degree:
-        raise UserError(
-            f"parallel.replicate_degree={p.replicate_degree} does not divide the world size {world_size}"
-        )
+    t = cfg.train
     dp = world_size
     expected = t.micro_batch_size * t.grad_accum_steps * dp
     if t.global_batch_size is not None and t.global_batch_size != expected:
@@ -393,15 +260,68 @@ def save_config(cfg: Config, path: str | Path) -> None:
 def field_help(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, default, help) for every option: feeds `zerofit train --help`."""
     rows = []
-    hints = _type_hints(cls, extras=True)
-    for f in dataclasses.fields(cls):
-        tp = _type_hints(cls)[f.name]
+    for name, info in cls.__pydantic_fields__.items():  # type: ignore[attr-defined]
+        tp = info.annotation
         if dataclasses.is_dataclass(tp):
-            rows += field_help(tp, f"{prefix}{f.name}.")
+            rows += field_help(tp, f"{prefix}{name}.")  # type: ignore[arg-type]
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = info.get_default(call_default_factory=True)
         if isinstance(default, tuple):
             default = list(default)
-        meta = getattr(hints[f.name], "__metadata__", ("",))
-        rows.append((f"{prefix}{f.name}", repr(default), str(meta[0])))
+        rows.append((f"{prefix}{name}", repr(default), info.description or ""))
     return rows
+
+
+def _is_int(tp: Any) -> bool:
+    """int, or int | None, through any Annotated layers."""
+    if typing.get_origin(tp) is typing.Annotated:
+        return _is_int(typing.get_args(tp)[0])
+    members = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+    return len(members) == 1 and (
+        members[0] is int or (members[0] is not tp and _is_int(members[0]))
+    )
+
+
+def int_bounds(cls: type = Config, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """(ge, le) of every integer field, by dotted key (None where a bound is missing)."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for name, info in cls.__pydantic_fields__.items():  # type: ignore[attr-defined]
+        tp = info.annotation
+        if dataclasses.is_dataclass(tp):
+            out |= int_bounds(tp, f"{prefix}{name}.")  # type: ignore[arg-type]
+        elif _is_int(tp):
+            ge = next((m.ge for m in info.metadata if hasattr(m, "ge")), None)
+            le = next((m.le for m in info.metadata if hasattr(m, "le")), None)
+            out[f"{prefix}{name}"] = (ge, le)
+    return out
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def migrate(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """Old configs: an engine whose options were once flat under `parallel.*` (FSDP's, before
+    0.2) declares `flat_until`; its flat keys move into `parallel.<engine>` with one line each."""
+    parallel = data.get("parallel")
+    if not isinstance(parallel, dict):
+        return data
+    parallel = dict(parallel)
+    for engine, options in SECTIONS.items():
+        until = getattr(options, "flat_until", None)
+        if until is None:
+            continue
+        names = [f.name for f in dataclasses.fields(options)]
+        moved = {k: parallel.pop(k) for k in list(parallel) if k in names}
+        if not moved:
+            continue
+        section = parallel.get(engine)
+        parallel[engine] = {**(section if isinstance(section, dict) else {}), **moved}
+        for key in moved:
+            if (where, key) not in _WARNED:
+                _WARNED.add((where, key))
+                print(
+                    f"zerofit: parallel.{key} in {where} is now parallel.{engine}.{key}; the old "
+                    f"name loads until zerofit {until}",
+                    file=sys.stderr,
+                )
+    return {**data, "parallel": parallel}

@@ -172,10 +172,6 @@ _CACHE: dict[tuple, np.ndarray] = {}
 _CACHE_MAX = 4
 
 
-def clear_cache() -> None:
-    _CACHE.clear()
-
-
 def tokenize_stream(
     docs: Iterable[str], tok: Tokenizer, max_tokens: int | None = None, batch_docs: int = 64
 ) -> np.ndarray:
@@ -332,10 +328,6 @@ class PackedLoader:
             self.micro = 0
             self.position += self.global_batch
         return _to_batch(self.sequences[idx])
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.n // self.global_batch
 
     def state_dict(self) -> dict:
         return {

@@ -7,15 +7,15 @@ metrics.jsonl) and returns a verdict: ok, warn or FAIL, with one line of why and
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerofit.config import Config, load_config
+from zerofit.backends import engine_of, engines
+from zerofit.config import Config, load_config, with_fields
 from zerofit.errors import UserError
-
-GIB = 2**30
-SHARDED = {"fsdp", "deepspeed"}
+from zerofit.planner.memory import predicted_peak
+from zerofit.planner.terms import GIB
 
 
 @dataclass
@@ -38,20 +38,13 @@ def check_sharding(cfg: Config, run: Path) -> Finding:
     reports = [json.loads(f.read_text()) for f in files]
     world = reports[0]["world_size"]
     share = max(r["local_numel"] / r["global_numel"] for r in reports)
-    backend = cfg.parallel.backend
-    expect = 1.0
-    if backend == "fsdp":
-        expect = cfg.parallel.replicate_degree / world
-    elif backend == "deepspeed" and cfg.parallel.deepspeed.stage == 3:
-        expect = 1 / world
+    eng = engine_of(cfg)
+    opts = eng.opts(cfg)
+    expect = eng.shard_share(opts, world)
     text = f"each rank holds {100 * share:.1f}% of the {reports[0]['global_numel']:,} parameters ({world} ranks)"
-    if backend in SHARDED and world > 1 and share > 0.99:
-        why = ""
-        if backend == "fsdp" and cfg.parallel.replicate_degree == world:
-            why = f" (parallel.replicate_degree={world} equals the world size: every rank is a replica)"
-        elif backend == "deepspeed" and cfg.parallel.deepspeed.stage < 3:
-            why = f" (ZeRO stage {cfg.parallel.deepspeed.stage} shards optimizer states/gradients, not parameters)"
-        status = "FAIL" if backend == "fsdp" or cfg.parallel.deepspeed.stage == 3 else "warn"
+    verdict = eng.unsharded(opts, world) if world > 1 and share > 0.99 else None
+    if verdict is not None:
+        status, why = verdict
         return Finding("sharding", status, f"parameters are NOT sharded: {text}{why}")
     if share > expect * 1.05 + 1e-9:
         return Finding("sharding", "warn", f"{text}; expected about {100 * expect:.1f}%")
@@ -131,15 +124,6 @@ def check_environment(run: Path) -> Finding:
     )
 
 
-def predicted_peak(cfg: Config, world: int) -> tuple[float, dict[str, float]]:
-    """The planner's peak allocated GiB for this run's config, and its components."""
-    from zerofit.planner.memory import estimate, strategy_for, workload_for
-    from zerofit.planner.shape import shape_from_config
-
-    mem = estimate(shape_from_config(cfg), workload_for(cfg, world), strategy_for(cfg))
-    return mem.peak_allocated / GIB, {k: v / GIB for k, v in mem.components().items()}
-
-
 def check_memory(cfg: Config, run: Path) -> Finding:
     lines = (
         (run / "metrics.jsonl").read_text().splitlines()
@@ -190,8 +174,6 @@ def diagnose(run: Path) -> list[Finding]:
 
 def oom_advice(cfg: Config, world: int, gpu_mem: int) -> str:
     """Why a run ran out of memory (its biggest component) and the planner's next step."""
-    from zerofit.config import with_fields
-
     predicted, parts = predicted_peak(cfg, world)
     biggest = max((k for k in parts if k != "overhead"), key=parts.get)  # type: ignore[arg-type]
     tries: list[tuple[str, dict[str, Any]]] = [
@@ -203,26 +185,12 @@ def oom_advice(cfg: Config, world: int, gpu_mem: int) -> str:
                 "train.grad_accum_steps": cfg.train.grad_accum_steps * 2,
             },
         ),
-        (
-            "shard parameters too (FSDP full-shard)",
-            {
-                "parallel.backend": "fsdp",
-                "parallel.reshard_after_forward": True,
-                "parallel.replicate_degree": 1,
-            },
-        ),
-        (
-            "offload optimizer states to CPU (ZeRO-3)",
-            {
-                "parallel.backend": "deepspeed",
-                "parallel.deepspeed.stage": 3,
-                "parallel.deepspeed.offload_optimizer": "cpu",
-            },
-        ),
     ]
+    for eng in engines().values():
+        tries += eng.remedies(cfg)
     advice = f"biggest component: {biggest} ({parts[biggest]:.1f} GiB of a predicted {predicted:.1f} GiB peak allocated)"
     for text, fields in tries:
-        new = replace(with_fields(cfg, fields))
+        new = with_fields(cfg, fields)
         peak, _ = predicted_peak(new, world)
         if peak * 1.1 + 0.6 < gpu_mem / GIB:
             return f"{advice}; next step: {text} (predicted {peak:.1f} GiB)"

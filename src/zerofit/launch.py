@@ -17,7 +17,7 @@ import torch
 
 from zerofit import checkpoint as ckpt
 from zerofit.checkpoint import compat
-from zerofit.config import Config, check_world, resolve_precision, save_config
+from zerofit.config import Config, save_config
 from zerofit.errors import UserError
 from zerofit.limits import shown
 from zerofit.metrics import truncate_metrics
@@ -25,7 +25,6 @@ from zerofit.metrics import truncate_metrics
 
 @dataclass
 class LaunchOptions:
-    nproc: int | None = None  # None: every visible GPU, or 2 CPU processes
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
@@ -125,17 +124,11 @@ def prepare_run(
     cfg: Config, opts: LaunchOptions, world_size: int, device_type: str, create: bool = True
 ) -> PreparedRun:
     """Every check that can fail on user input, then the run directory and its resolved config."""
-    cfg = _expand_user(cfg)
-    from zerofit.backends import get_backend
-    from zerofit.trainer import build_inputs, checkpoint_meta, make_loader  # torch-heavy imports
+    from zerofit.inputs import build_inputs, checkpoint_meta, make_loader  # torch-heavy imports
+    from zerofit.resolve import resolve
 
-    if cfg.parallel.backend == "auto":
-        from zerofit.planner.auto import resolve_auto
-
-        cfg = resolve_auto(cfg, world_size)
-    cfg = get_backend(cfg.parallel.backend).prepare_config(cfg, world_size, device_type)
-    cfg = replace(cfg, precision=resolve_precision(cfg.precision, device_type))
-    dp = check_world(cfg, world_size)
+    cfg = resolve(_expand_user(cfg), world_size, device_type)
+    dp = world_size
     inputs = build_inputs(cfg)
     make_loader(cfg, inputs.data, 0, dp)  # raises if the data cannot fill one global batch
     resume_from = None
@@ -172,19 +165,3 @@ def prepare_run(
         config_file = Path(tempfile.mkdtemp(prefix="zerofit-")) / name
     save_config(cfg, config_file)
     return PreparedRun(cfg, run_dir, config_file, resume_from)
-
-
-def worker_argv(prep: PreparedRun, error_dir: Path | None = None) -> list[str]:
-    argv = ["--config", str(prep.config_file), "--run-dir", str(prep.run_dir)]
-    if prep.resume_from:
-        argv += ["--resume", str(prep.resume_from)]
-    if error_dir is not None:
-        argv += ["--error-dir", str(error_dir)]
-    return argv
-
-
-def spawn(prep: PreparedRun, opts: LaunchOptions, nproc: int) -> int:
-    """Start `nproc` workers on this node (zerofit.spawn); returns the exit status."""
-    from zerofit.spawn import spawn as start_workers
-
-    return start_workers(prep, opts, nproc)

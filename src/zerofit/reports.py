@@ -1,4 +1,5 @@
-"""Files a run leaves for `zerofit doctor`: its environment, the sharding proof, OOM diagnoses."""
+"""Files a run leaves for `zerofit doctor`: its environment, the sharding proof, the effective
+precision, OOM diagnoses."""
 
 from __future__ import annotations
 
@@ -25,6 +26,32 @@ def write_sharding_report(backend: Any, run_dir: Path, ctx: DistContext) -> None
     out = run_dir / "sharding"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{ctx.rank}.json").write_text(json.dumps(report))
+
+
+def write_environment(run_dir: Path, ctx: DistContext) -> None:
+    """env.json (rank 0): see `environment`."""
+    if ctx.is_main:
+        (run_dir / "env.json").write_text(json.dumps(environment(ctx), indent=1))
+
+
+def write_precision_report(
+    backend: Any, run_dir: Path, ctx: DistContext, compute: torch.dtype | None
+) -> None:
+    """precision.json (rank 0) and its summary line and warnings, once the first step has shown
+    the compute dtype (see zerofit.precision_report)."""
+    from zerofit import precision_report
+
+    rep = precision_report.report(backend, compute)
+    if ctx.is_main:
+        (run_dir / "precision.json").write_text(json.dumps(rep, indent=1))
+        eff = rep["effective"]
+        print(
+            f"precision ({rep['backend']}): compute {eff['compute']}, master weights {eff['master_weights']}, "
+            f"optimizer states {eff['optimizer_states']}, gradient reduction {eff['gradient_reduction']}",
+            flush=True,
+        )
+        for line in rep["warnings"]:
+            print(f"warning: {line}", flush=True)
 
 
 def environment(ctx: DistContext) -> dict[str, Any]:

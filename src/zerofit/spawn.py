@@ -115,12 +115,19 @@ def torchrun_args(opts: Any, nproc: int, max_restarts: int, log_dir: Path) -> li
     return args
 
 
+def worker_argv(prep: Any, error_dir: Path | None = None) -> list[str]:
+    argv = ["--config", str(prep.config_file), "--run-dir", str(prep.run_dir)]
+    if prep.resume_from:
+        argv += ["--resume", str(prep.resume_from)]
+    if error_dir is not None:
+        argv += ["--error-dir", str(error_dir)]
+    return argv
+
+
 def spawn(prep: Any, opts: Any, nproc: int) -> int:
     """Start `nproc` workers on this node; returns the exit status after printing its line."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
-
-    from zerofit.launch import worker_argv
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     logging.getLogger("torch.distributed.run").setLevel(logging.CRITICAL)

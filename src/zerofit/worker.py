@@ -32,7 +32,7 @@ def run_worker(
     """Train, then return the exit status. ``load`` returns the Config (it runs inside the
     error handling, so even a config that fails to load is reported the same way)."""
     from zerofit.dist import shutdown
-    from zerofit.trainer import RunControl, run_training
+    from zerofit.run import RunControl, run_training
 
     rank = int(os.environ.get("RANK", 0))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
@@ -82,9 +82,10 @@ def train_joined(cfg: Any, opts: Any) -> tuple[int, Any]:
     status and (rank 0) one line."""
     from zerofit.dist import init_distributed, shutdown
     from zerofit.launch import prepare_run
+    from zerofit.resolve import mesh_replicas
 
     signals = StopSignals().install()
-    ctx = init_distributed(cfg.parallel.replicate_degree)
+    ctx = init_distributed(mesh_replicas(cfg))
     result: object = None
     if ctx.is_main:
         try:

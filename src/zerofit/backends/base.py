@@ -1,4 +1,4 @@
-"""The one interface every engine implements, and the registry the trainer picks engines from."""
+"""The runtime interface every engine implements (its torch side; `engine.Engine` is the rest)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,6 @@ class Backend(ABC):
     name: ClassVar[str]
     # How `save` writes its files; a reader for it is registered in zerofit.checkpoint.neutral.
     checkpoint_format: ClassVar[str] = "dcp"
-    # Config keys (or key prefixes) only this engine reads: `zerofit bench` sweeps them for it alone.
-    own_keys: ClassVar[tuple[str, ...]] = ()
     model: nn.Module
     optimizer: torch.optim.Optimizer
 
@@ -54,11 +52,6 @@ class Backend(ABC):
         self.parallel = cfg.parallel
         self.precision = cfg.precision
         self.optim_cfg = cfg.optim
-
-    @classmethod
-    def prepare_config(cls, cfg: Config, world_size: int, device_type: str) -> Config:
-        """Engine-specific resolution before the config is saved (e.g. merge a ds_config.json)."""
-        return cfg
 
     @abstractmethod
     def setup(self, spec: ModelSpec, init_seed: int) -> None:
@@ -123,23 +116,3 @@ class Backend(ABC):
         for name, p in self.model.named_parameters():
             local = p.to_local() if hasattr(p, "to_local") else p
             yield name, local.numel(), p.numel()
-
-
-_REGISTRY: dict[str, type[Backend]] = {}
-
-
-def register(name: str) -> Callable[[type[Backend]], type[Backend]]:
-    def deco(cls: type[Backend]) -> type[Backend]:
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
-
-
-def get_backend(name: str) -> type[Backend]:
-    return _REGISTRY[name]
-
-
-def registry() -> dict[str, type[Backend]]:
-    return dict(_REGISTRY)

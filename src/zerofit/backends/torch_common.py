@@ -12,8 +12,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from zerofit.backends.base import DTYPE, Backend, Gate
 from zerofit.checkpoint.neutral import READ_ERRORS, checkpoint_error, open_reader
-from zerofit.config import OptimConfig
 from zerofit.faults.nonfinite import StepResult
+from zerofit.schema import OptimConfig
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -36,16 +36,26 @@ READ_ERRORS = (Exception, CheckpointException)
 _FORMATS: dict[str, Callable[[Path], StorageReader]] = {"dcp": SafeFileSystemReader}
 
 
-def register_format(name: str, opener: Callable[[Path], StorageReader]) -> None:
-    """An engine whose files are not DCP registers how to read them (``model_dir -> reader``)."""
-    _FORMATS[name] = opener
+def _engine_reader(fmt: str) -> Callable[[Path], StorageReader] | None:
+    """An engine whose files are not DCP names its reader (``Engine.checkpoint_reader``,
+    "module:Class", ``model_dir -> reader``); it is imported only when such a checkpoint is read."""
+    import importlib
+
+    from zerofit.backends import engines
+
+    for eng in engines().values():
+        if eng.checkpoint_format == fmt and eng.checkpoint_reader:
+            module, name = eng.checkpoint_reader.split(":")
+            return getattr(importlib.import_module(module), name)
+    return None
 
 
 def open_reader(model_dir: Path, fmt: str) -> StorageReader:
     if fmt not in _FORMATS:
-        import zerofit.backends  # noqa: F401  (engines register their formats on import)
-    if fmt not in _FORMATS:
-        raise UserError(f"checkpoint {model_dir.parent} has an unknown format {fmt!r}")
+        reader = _engine_reader(fmt)
+        if reader is None:
+            raise UserError(f"checkpoint {model_dir.parent} has an unknown format {fmt!r}")
+        _FORMATS[fmt] = reader
     return _FORMATS[fmt](model_dir)
 
 

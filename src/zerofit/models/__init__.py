@@ -2,25 +2,27 @@
 
 The module in a ``ModelSpec`` has its parameters on the meta device (buffers real); the trainer
 shards it, materialises it (``meta.allocate_`` keeps buffers) and fills each parameter with
-``init_param_`` or ``weights``.
+``init_param_`` (``zerofit.models.init``) or ``weights``. Parameter counts and FLOPs per token come
+from ``shape``, a ``zerofit.models.shape.ModelShape``.
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass
 from functools import partial
 
 import torch
 from torch import nn
 
 from zerofit.errors import UserError
-from zerofit.limits import shown
-from zerofit.models.llama import PRESETS, Llama, LlamaArgs, flops_per_token, num_params
+from zerofit.models.init import hf_init, llama_init
+from zerofit.models.llama import Llama
 from zerofit.models.meta import meta_params
+from zerofit.models.presets import PRESETS, LlamaArgs, preset_args
+from zerofit.models.shape import ModelShape
 
-__all__ = ["PRESETS", "LlamaArgs", "ModelSpec", "build_model", "preset_names"]
+__all__ = ["PRESETS", "LlamaArgs", "ModelShape", "ModelSpec", "build_model", "preset_names"]
 
 
 @dataclass
@@ -29,8 +31,7 @@ class ModelSpec:
     blocks_path: str  # dotted path of the nn.ModuleList of decoder blocks in `module`
     vocab_size: int
     max_seq_len: int
-    num_params: int
-    flops_per_token: Callable[[int], float]  # seq_len -> FLOPs per token
+    shape: ModelShape  # parameter counts, FLOPs per token, fused head
     init_param_: Callable[[str, torch.Tensor, torch.Generator], None]
     fingerprint: dict  # JSON-able architecture description, to reject foreign checkpoints
     weights: Callable[[str], torch.Tensor] | None  # param name -> full tensor from disk, or None
@@ -38,37 +39,22 @@ class ModelSpec:
         [], nn.Module
     ]  # builds the same module with real parameters (for zero.Init)
 
+    @property
+    def num_params(self) -> int:
+        """``shape.num_params``."""
+        return self.shape.num_params
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """``shape.flops_per_token``: training FLOPs per token at ``seq_len``."""
+        return self.shape.flops_per_token(seq_len)
+
 
 def preset_names() -> list[str]:
     return list(PRESETS)
 
 
-def _llama_args(preset: str, overrides: dict | None) -> LlamaArgs:
-    if preset not in PRESETS:
-        close = difflib.get_close_matches(preset, PRESETS, n=1, cutoff=0.0)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise UserError(
-            f"unknown model preset {shown(preset)}{hint} (choices: {', '.join(PRESETS)})"
-        )
-    args = PRESETS[preset]
-    if not overrides:
-        return args
-    valid = {f.name for f in fields(LlamaArgs)}
-    for key in overrides:
-        if key not in valid:
-            close = difflib.get_close_matches(key, valid, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise UserError(f"unknown model override {shown(key)}{hint}")
-    try:
-        args = replace(args, **overrides)
-        args.validate()
-    except (TypeError, ValueError) as e:
-        raise UserError(f"bad model override: {e}") from e
-    return args
-
-
 def _build_llama(preset: str, overrides: dict | None, loss_chunk: int) -> ModelSpec:
-    args = _llama_args(preset, overrides)
+    args = preset_args(preset, overrides)
     with meta_params():
         model = Llama(args, loss_chunk)
     return ModelSpec(
@@ -76,9 +62,8 @@ def _build_llama(preset: str, overrides: dict | None, loss_chunk: int) -> ModelS
         blocks_path="layers",
         vocab_size=args.vocab_size,
         max_seq_len=args.max_seq_len,
-        num_params=num_params(args),
-        flops_per_token=partial(flops_per_token, args),
-        init_param_=model.init_param_,
+        shape=ModelShape.from_llama_args(args, name=preset, fused_head=loss_chunk > 0),
+        init_param_=llama_init(args),
         fingerprint={"source": "zerofit-llama", "args": asdict(args)},
         weights=None,
         construct=partial(Llama, args, loss_chunk),
@@ -94,9 +79,8 @@ def _build_hf(directory: str, overrides: dict | None) -> ModelSpec:
         blocks_path=info.blocks_path,
         vocab_size=info.vocab_size,
         max_seq_len=info.max_seq_len,
-        num_params=info.num_params,
-        flops_per_token=info.flops_per_token,
-        init_param_=module.init_param_,
+        shape=info.shape,
+        init_param_=hf_init(module),
         fingerprint=info.fingerprint,
         weights=load_hf_weights(directory, module),
         construct=partial(construct_hf, info.config),

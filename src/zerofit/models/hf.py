@@ -24,6 +24,7 @@ from zerofit.limits import shown
 from zerofit.models.llama import strip_wrapper_names
 from zerofit.models.loss import cross_entropy
 from zerofit.models.meta import meta_params
+from zerofit.models.shape import ModelShape, ParamCounts
 
 PREFIX = "hf."
 # Config keys that describe the run or the file, not the architecture.
@@ -40,41 +41,11 @@ class HFCausalLM(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.hf = model
-        self.init_std = float(getattr(model.config, "initializer_range", None) or 0.02)
-        # Full shapes by clean name, taken now, before any wrapper or sharding renames/splits them.
-        self._full_shapes = {
-            strip_wrapper_names(n): tuple(p.shape) for n, p in self.named_parameters()
-        }
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits, or with ``targets`` the mean loss (on full logits: HF heads may scale or cap them)."""
         logits = self.hf(input_ids=tokens, use_cache=False).logits
         return logits if targets is None else cross_entropy(logits, targets)
-
-    @torch.no_grad()
-    def init_param_(self, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
-        """Fill one full parameter in place: norm weights -> 1, biases -> 0, else normal(0, std).
-
-        ``std`` is ``config.initializer_range`` (0.02 if unset). Only ``generator`` gives randomness.
-        """
-        clean = strip_wrapper_names(name)
-        shapes = self._full_shapes
-        if clean not in shapes:
-            raise ValueError(f"unknown parameter name for this Hugging Face model: {name!r}")
-        if tuple(tensor.shape) != shapes[clean]:
-            raise ValueError(
-                f"{name}: expected full shape {shapes[clean]}, got {tuple(tensor.shape)}"
-            )
-        parts = clean.split(".")
-        owner = parts[-2] if len(parts) > 1 else ""
-        if parts[-1] == "bias":
-            tensor.zero_()
-        elif tensor.dim() == 1 and ("norm" in owner.lower() or owner.startswith("ln")):
-            tensor.fill_(1.0)
-        else:
-            tmp = torch.empty(tensor.shape, dtype=torch.float32, device=tensor.device)
-            tmp.normal_(0.0, self.init_std, generator=generator)
-            tensor.copy_(tmp)
 
 
 @dataclass
@@ -85,14 +56,8 @@ class HFInfo:
     blocks_path: str
     vocab_size: int
     max_seq_len: int
-    num_params: int
-    num_params_for_flops: int  # all params except the input embedding (a tied head counts)
-    num_layers: int
-    hidden_size: int
+    shape: ModelShape  # parameter counts measured on the built model, FLOPs per token
     fingerprint: dict = field(default_factory=dict)
-
-    def flops_per_token(self, seq_len: int) -> float:
-        return 6.0 * self.num_params_for_flops + 12.0 * self.num_layers * self.hidden_size * seq_len
 
 
 def _find_blocks(module: nn.Module, block_names: set[str]) -> str:
@@ -194,15 +159,6 @@ def build_hf(directory: str, overrides: dict | None = None) -> tuple[HFCausalLM,
         ) from e
     adapter = HFCausalLM(model)
     blocks = PREFIX + _find_blocks(model, set(getattr(model, "_no_split_modules", None) or ()))
-
-    total = sum(p.numel() for p in adapter.parameters())
-    embed = model.get_input_embeddings().weight
-    head = model.get_output_embeddings()
-    tied = head is not None and head.weight is embed
-    for_flops = total - embed.numel() + (embed.numel() if tied else 0)
-
-    num_layers = getattr(config, "num_hidden_layers", None) or len(adapter.get_submodule(blocks))
-    hidden = getattr(config, "hidden_size", None) or embed.shape[1]
     max_seq = getattr(config, "max_position_embeddings", None)
     if max_seq is None:
         raise UserError(f"{directory}/config.json has no max_position_embeddings")
@@ -211,13 +167,37 @@ def build_hf(directory: str, overrides: dict | None = None) -> tuple[HFCausalLM,
         blocks_path=blocks,
         vocab_size=int(config.vocab_size),
         max_seq_len=int(max_seq),
-        num_params=total,
-        num_params_for_flops=for_flops,
-        num_layers=int(num_layers),
-        hidden_size=int(hidden),
+        shape=measure_shape(adapter, blocks),
         fingerprint=_fingerprint(config),
     )
     return adapter, info
+
+
+def measure_shape(adapter: HFCausalLM, blocks_path: str) -> ModelShape:
+    """The ``ModelShape`` of a built adapter: sizes from its config (read as attributes, so
+    aliases such as GPT-2's ``n_embd`` work), parameter counts from its actual parameters."""
+    model, config = adapter.hf, adapter.hf.config
+    blocks = adapter.get_submodule(blocks_path)
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    total = sum(p.numel() for p in adapter.parameters())
+    in_blocks = sum(p.numel() for p in blocks.parameters())
+    largest = max(sum(p.numel() for p in block.parameters()) for block in blocks)
+    hidden = getattr(config, "hidden_size", None) or embed.shape[1]
+    heads = getattr(config, "num_attention_heads", None) or 1  # only head_dim depends on it
+    sizes = {
+        "num_hidden_layers": getattr(config, "num_hidden_layers", None) or len(blocks),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": getattr(config, "num_key_value_heads", None) or heads,
+        "intermediate_size": getattr(config, "intermediate_size", None) or 4 * hidden,
+        "vocab_size": getattr(config, "vocab_size", None) or embed.shape[0],
+    }
+    described = {k: int(v) for k, v in sizes.items()}
+    described["tie_word_embeddings"] = head is not None and head.weight is embed
+    name = getattr(config, "_name_or_path", None) or type(model).__name__
+    counts = ParamCounts(total, embed.numel(), largest, total - in_blocks)
+    return ModelShape.from_hf_config(described, name=name, measured=counts)
 
 
 class HFWeights(Mapping[str, torch.Tensor]):
@@ -227,7 +207,9 @@ class HFWeights(Mapping[str, torch.Tensor]):
     embedding (tied checkpoints), and a missing base-model prefix (``model.``) is tolerated.
     """
 
-    def __init__(self, files: dict[str, str], prefix: str = PREFIX, aliases: dict | None = None):
+    def __init__(
+        self, files: dict[str, str], prefix: str = PREFIX, aliases: dict | None = None
+    ) -> None:
         self._files = files  # HF tensor name -> file path
         self._prefix = prefix
         self._aliases = aliases or {}

@@ -6,123 +6,30 @@ Design notes:
   parameters on the meta device or cast to bf16 without losing RoPE precision.
 - Blocks are called as ``block(x, rope)`` with two tensors only, so activation checkpointing and
   ``torch.compile`` can wrap them.
-- Initialisation is by parameter name (``Llama.init_param_``) on one full tensor at a time, using
-  only the given generator, so it gives the same weights whatever the sharding.
+- Initialisation is by parameter name (``zerofit.models.init.init_llama_param_``) on one full
+  tensor at a time, using only the given generator, so it gives the same weights whatever the
+  sharding. Parameter counts and FLOPs are ``zerofit.models.shape.ModelShape``'s.
 - RoPE uses the "rotate half" layout (as in Hugging Face Llama) and no Llama-3.1 frequency scaling.
 """
 
 from __future__ import annotations
 
-import math
-import re
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zerofit.limits import shown
 from zerofit.models.loss import LMHead
-
-# Upper bounds of the integer fields: far above any real model, low enough that a typo cannot
-# ask for a model whose structure alone takes minutes to build (n_layers) or overflows int64.
-_SIZE_LIMITS = {
-    "dim": 2**20,
-    "n_layers": 1024,
-    "n_heads": 2**14,
-    "n_kv_heads": 2**14,
-    "vocab_size": 2**24,
-    "ffn_dim": 2**22,
-    "max_seq_len": 2**24,
-}
-
-
-@dataclass(frozen=True)
-class LlamaArgs:
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    vocab_size: int
-    ffn_dim: int
-    max_seq_len: int
-    norm_eps: float = 1e-5
-    rope_theta: float = 500000.0
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    def validate(self) -> None:
-        """Raise ValueError for shapes that cannot build a model (or only an absurd one)."""
-        for name, high in _SIZE_LIMITS.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an integer, got {shown(value)}")
-            if value <= 0:
-                raise ValueError(f"{name} must be positive, got {shown(value)}")
-            if value > high:
-                raise ValueError(f"{name} must be at most {high}, got {shown(value)}")
-        for name in ("norm_eps", "rope_theta"):
-            value = getattr(self, name)
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            if not (number and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {shown(value)}")
-        if self.dim % self.n_heads:
-            raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}"
-            )
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
-
-
-PRESETS: dict[str, LlamaArgs] = {
-    # ~3.4M parameters, made for CPU tests.
-    "tiny": LlamaArgs(dim=256, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_dim=768, max_seq_len=1024),
-    # ~25.7M parameters, a quick single-GPU smoke run.
-    "small": LlamaArgs(dim=512, n_layers=8, n_heads=8, n_kv_heads=4, vocab_size=512, ffn_dim=1536, max_seq_len=2048),
-    # Llama-3.2-1B shape, but with an untied output layer.
-    "llama3-1b": LlamaArgs(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=128256, ffn_dim=8192, max_seq_len=131072),
-    "llama3-8b": LlamaArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256, ffn_dim=14336, max_seq_len=131072),
-    # Llama-2-13B shape (multi-head attention, 32k vocabulary).
-    "13b": LlamaArgs(dim=5120, n_layers=40, n_heads=40, n_kv_heads=40, vocab_size=32000, ffn_dim=13824, max_seq_len=4096, rope_theta=10000.0),
-    # Llama-3-70B shape.
-    "70b": LlamaArgs(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=128256, ffn_dim=28672, max_seq_len=131072),
-}  # fmt: skip
-
-
-def param_shapes(args: LlamaArgs) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every parameter of ``Llama(args)``, in ``named_parameters()`` order."""
-    d, hd, f = args.dim, args.head_dim, args.ffn_dim
-    shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (args.vocab_size, d)}
-    for i in range(args.n_layers):
-        p = f"layers.{i}."
-        shapes[p + "attention_norm.weight"] = (d,)
-        shapes[p + "attention.wq.weight"] = (args.n_heads * hd, d)
-        shapes[p + "attention.wk.weight"] = (args.n_kv_heads * hd, d)
-        shapes[p + "attention.wv.weight"] = (args.n_kv_heads * hd, d)
-        shapes[p + "attention.wo.weight"] = (d, args.n_heads * hd)
-        shapes[p + "ffn_norm.weight"] = (d,)
-        shapes[p + "feed_forward.w1.weight"] = (f, d)
-        shapes[p + "feed_forward.w2.weight"] = (d, f)
-        shapes[p + "feed_forward.w3.weight"] = (f, d)
-    shapes["norm.weight"] = (d,)
-    shapes["output.weight"] = (args.vocab_size, d)
-    return shapes
+from zerofit.models.presets import PRESETS, LlamaArgs, param_shapes  # noqa: F401  (the model's own names)
+from zerofit.models.shape import ModelShape
 
 
 def num_params(args: LlamaArgs, exclude_embedding: bool = False) -> int:
-    """Parameter count of ``Llama(args)``; ``exclude_embedding`` drops only the input embedding."""
-    total = sum(math.prod(s) for s in param_shapes(args).values())
-    return total - args.vocab_size * args.dim if exclude_embedding else total
+    """Parameter count of ``Llama(args)``; ``exclude_embedding`` drops only the input embedding.
 
-
-def flops_per_token(args: LlamaArgs, seq_len: int) -> float:
-    """Training FLOPs per token: 6 * non-embedding params + 12 * layers * dim * seq_len (attention)."""
-    n = num_params(args, exclude_embedding=True)
-    return 6.0 * n + 12.0 * args.n_layers * args.dim * seq_len
+    A shortcut to ``ModelShape.from_llama_args(args)``, where the arithmetic lives.
+    """
+    shape = ModelShape.from_llama_args(args)
+    return shape.non_embedding_params if exclude_embedding else shape.num_params
 
 
 def _probe_enable_gqa() -> bool:
@@ -154,7 +61,7 @@ def set_attention_backend(name: str) -> None:
     cuda.enable_flash_sdp(name in ("auto", "flash"))
     cuda.enable_mem_efficient_sdp(name in ("auto", "efficient"))
     cuda.enable_cudnn_sdp(name in ("auto", "cudnn"))
-    _EXPAND_KV = name == "cudnn"
+    _EXPAND_KV = name in ("cudnn", "efficient")
 
 
 def rope_table(head_dim: int, seq_len: int, theta: float, device: torch.device) -> torch.Tensor:
@@ -250,7 +157,6 @@ class TransformerBlock(nn.Module):
 
 # Segments that wrappers (activation checkpointing, torch.compile, FSDP1, DDP) add to names.
 _WRAPPER_SEGMENTS = {"_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module"}
-_LAYER_RE = re.compile(r"layers\.(\d+)\.(.+)")
 
 
 def strip_wrapper_names(name: str) -> str:
@@ -280,35 +186,3 @@ class Llama(nn.Module):
         for layer in self.layers:
             h = layer(h, rope)
         return self.output(self.norm(h), targets)
-
-    @torch.no_grad()
-    def init_param_(self, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
-        """Fill one full (unsharded) parameter in place, chosen by its name.
-
-        Norm weights -> 1. Embeddings -> normal std 0.02 (not torchtitan's 1.0: the residual stream
-        then starts at the same scale as the block outputs, which trains more stably on tiny models).
-        wq/wk/wv/w1/w3 -> truncated normal std 0.02; wo/w2 -> std 0.02 / sqrt(2 * n_layers);
-        output -> std dim**-0.5. Truncation at +-3 std. Only ``generator`` supplies randomness.
-        """
-        clean = strip_wrapper_names(name)
-        expected = param_shapes(self.args).get(clean)
-        if expected is None:
-            raise ValueError(f"unknown Llama parameter name: {name!r}")
-        if tuple(tensor.shape) != expected:
-            raise ValueError(f"{name}: expected full shape {expected}, got {tuple(tensor.shape)}")
-        if clean.endswith("norm.weight"):
-            tensor.fill_(1.0)
-            return
-        if clean == "tok_embeddings.weight":
-            std = 0.02
-        elif clean == "output.weight":
-            std = self.args.dim**-0.5
-        else:
-            match = _LAYER_RE.fullmatch(clean)
-            assert match is not None  # every other known name is a layer weight
-            out_proj = match.group(2) in ("attention.wo.weight", "feed_forward.w2.weight")
-            std = 0.02 / math.sqrt(2 * self.args.n_layers) if out_proj else 0.02
-        # Draw in fp32 so the values do not depend on the target dtype (and bf16 erfinv is spotty).
-        tmp = torch.empty(tensor.shape, dtype=torch.float32, device=tensor.device)
-        nn.init.trunc_normal_(tmp, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
-        tensor.copy_(tmp)

@@ -6,9 +6,10 @@ from dataclasses import replace
 
 from zerofit.config import Config, with_fields
 from zerofit.errors import UserError
+from zerofit.models.shape import shape_from_config
 from zerofit.planner.memory import workload_for
 from zerofit.planner.plan import plan, recommend
-from zerofit.planner.shape import detect_hardware, shape_from_config
+from zerofit.planner.shape import detect_hardware
 
 
 def resolve_auto(cfg: Config, world_size: int) -> Config:
@@ -21,7 +22,7 @@ def resolve_auto(cfg: Config, world_size: int) -> Config:
         gpus_per_node=min(hw.gpus_per_node, world_size),
         nodes=max(1, world_size // hw.gpus_per_node),
     )
-    options = plan(shape_from_config(cfg), workload_for(cfg, world_size), hw)
+    options = plan(shape_from_config(cfg), workload_for(cfg, world_size), hw, cfg)
     best = recommend(options)
     if best is None:
         raise UserError(

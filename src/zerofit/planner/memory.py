@@ -26,46 +26,49 @@ produced unless they persist) and the end of backward (all gradients, no activat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from zerofit.config import Config
-from zerofit.planner.shape import ModelShape
+from zerofit.backends import engine_of, get_engine
+from zerofit.config import resolve_precision
+from zerofit.models.shape import ModelShape, shape_from_config
+from zerofit.planner.terms import BYTES, GIB, EngineMemory, Workload
+from zerofit.schema import Config
 
-BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 CUDA_CONTEXT = 600 * 2**20  # measured order of the CUDA context + cuBLAS workspace on Hopper
 FRAGMENTATION = 0.08  # reserved / allocated - 1 seen on steady training loops
 
 
 @dataclass(frozen=True)
 class Strategy:
-    backend: str  # ddp | fsdp | deepspeed
-    reshard_after_forward: bool = True  # fsdp: FULL_SHARD (True) or SHARD_GRAD_OP
-    replicate_degree: int = 1  # fsdp hybrid: replicas; sharding within groups of world/replicas
-    cpu_offload: bool = False  # fsdp
-    stage: int = 3  # deepspeed
-    offload_optimizer: str = "none"  # deepspeed: none | cpu | nvme
-    offload_param: str = "none"  # deepspeed stage 3: none | cpu | nvme
+    """An engine with its options, plus what every engine does alike."""
+
+    backend: str
+    options: Any  # the engine's `parallel.<backend>` section
     activation_checkpointing: str = "none"  # none | full | selective
     compile: bool = False
-    offload_ratio: float = 1.0  # deepspeed stage 3 + cpu: share of the optimizer on the host
+
+    @classmethod
+    def of(
+        cls,
+        backend: str,
+        activation_checkpointing: str = "none",
+        compile: bool = False,
+        **options: Any,
+    ) -> Strategy:
+        """`Strategy.of("deepspeed", stage=3, offload_optimizer="cpu")`: engine defaults + these."""
+        return cls(
+            backend, get_engine(backend).options(**options), activation_checkpointing, compile
+        )
+
+    @property
+    def engine(self) -> Any:
+        return get_engine(self.backend)
 
     @property
     def label(self) -> str:
-        if self.backend == "ddp":
-            name = "DDP"
-        elif self.backend == "fsdp":
-            name = "FSDP " + ("full-shard" if self.reshard_after_forward else "grad-op")
-            name += f" hybrid x{self.replicate_degree}" if self.replicate_degree > 1 else ""
-            name += " + CPU offload" if self.cpu_offload else ""
-        else:
-            name = f"ZeRO-{self.stage}"
-            if self.offload_optimizer != "none":
-                share = f" {self.offload_ratio:.0%}" if self.offload_ratio < 1 else ""
-                name += f" + optim{share}->{self.offload_optimizer}"
-            if self.offload_param != "none":
-                name += f" + params->{self.offload_param}"
         suffix = {"full": " + AC", "selective": " + SAC"}.get(self.activation_checkpointing, "")
-        return name + suffix
+        return self.engine.label(self.options) + suffix
 
     def overrides(self) -> dict[str, object]:
         """The zerofit config fields that select this strategy."""
@@ -74,68 +77,25 @@ class Strategy:
             "parallel.activation_checkpointing": self.activation_checkpointing,
             "parallel.compile": self.compile,
         }
-        if self.backend == "fsdp":
-            out |= {
-                "parallel.reshard_after_forward": self.reshard_after_forward,
-                "parallel.replicate_degree": self.replicate_degree,
-                "parallel.cpu_offload": self.cpu_offload,
-            }
-        if self.backend == "deepspeed":
-            out |= {
-                "parallel.deepspeed.stage": self.stage,
-                "parallel.deepspeed.offload_optimizer": self.offload_optimizer,
-                "parallel.deepspeed.offload_param": self.offload_param,
-            }
-            if self.offload_ratio < 1:
-                out["parallel.deepspeed.offload_ratio"] = self.offload_ratio
+        for key in self.engine.plan_keys:
+            out[f"parallel.{self.backend}.{key}"] = getattr(self.options, key)
         return out
 
-
-@dataclass(frozen=True)
-class Workload:
-    micro_batch_size: int
-    seq_len: int
-    world_size: int
-    grad_accum_steps: int = 1
-    compute_dtype: str = "bf16"
-    master_dtype: str = "fp32"
-    reduce_dtype: str = "fp32"
-    reduce_bucket_size: int = 500_000_000  # deepspeed defaults, elements
-    allgather_bucket_size: int = 500_000_000
-    loss_chunk: int = 4096  # tokens per chunk of the fused head + loss (0: full logits)
-
-    @property
-    def tokens(self) -> int:
-        return self.micro_batch_size * self.seq_len
-
-    @property
-    def deepspeed_grad_bytes(self) -> int:
-        """DeepSpeed's gradient partitions: bf16 with bf16 master weights
-        (bf16_master_weights_and_grads), else the reduce dtype."""
-        return BYTES[self.master_dtype] if self.master_dtype == "bf16" else BYTES[self.reduce_dtype]
+    def with_options(self, **values: Any) -> Strategy:
+        return replace(self, options=replace(self.options, **values))
 
 
 def strategy_for(cfg: Config) -> Strategy:
-    """The strategy a zerofit config selects (every_k checkpointing counts as full)."""
-    p, ds = cfg.parallel, cfg.parallel.deepspeed
+    """The strategy a (not `auto`) zerofit config selects (every_k checkpointing counts as full)."""
+    p, eng = cfg.parallel, engine_of(cfg)
     ac = {"none": "none", "selective": "selective"}.get(p.activation_checkpointing, "full")
-    return Strategy(
-        p.backend,
-        p.reshard_after_forward,
-        p.replicate_degree,
-        p.cpu_offload,
-        ds.stage,
-        ds.offload_optimizer,
-        ds.offload_param,
-        ac,
-        p.compile,
-        ds.offload_ratio,
-    )
+    return Strategy(p.backend, eng.opts(cfg), ac, p.compile)
 
 
-def workload_for(cfg: Config, world_size: int) -> Workload:
-    """The workload of a zerofit config on `world_size` ranks (unresolved dtypes: bf16/fp32/fp32)."""
-    p, ds = cfg.precision, cfg.parallel.deepspeed
+def workload_for(cfg: Config, world_size: int, device_type: str = "cuda") -> Workload:
+    """The workload of a zerofit config on `world_size` ranks, its precision resolved as a run on
+    `device_type` would resolve it (the planner plans GPUs: `auto` is bf16 there)."""
+    p = resolve_precision(cfg.precision, device_type)
     return Workload(
         cfg.train.micro_batch_size,
         cfg.model.seq_len,
@@ -144,8 +104,6 @@ def workload_for(cfg: Config, world_size: int) -> Workload:
         p.param_dtype or "bf16",
         p.master_dtype or "fp32",
         p.reduce_dtype or "fp32",
-        ds.reduce_bucket_size,
-        ds.allgather_bucket_size,
         cfg.model.loss_chunk,
     )
 
@@ -214,7 +172,7 @@ def activation_bytes(m: ModelShape, w: Workload, s: Strategy) -> float:
         saved = e_c * (5 * m.dim + 2 * kv + 2 * m.ffn_dim) + 4 * m.n_heads
         return m.n_layers * w.tokens * saved + per_block + tail  # + one block being recomputed
     if s.activation_checkpointing == "full":
-        residual = 4 if s.backend == "ddp" else e_c  # DDP autocast keeps an fp32 residual stream
+        residual = 4 if s.engine.fp32_checkpoints else e_c
         return m.n_layers * w.tokens * m.dim * residual + per_block + tail
     return m.n_layers * per_block + tail
 
@@ -231,82 +189,34 @@ def logits_bytes(m: ModelShape, w: Workload) -> float:
 
 
 def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:
-    """Predicted per-rank memory for one strategy."""
-    P, Pb, Pr = m.num_params, m.block_params, m.root_params
-    head = m.vocab_size * m.dim
-    e_c, e_m, e_o, e_r = (
-        BYTES[w.compute_dtype],
-        BYTES[w.master_dtype],
-        BYTES[w.master_dtype],
-        BYTES[w.reduce_dtype],
+    """Predicted per-rank memory for one strategy: the engine's components, plus activations and
+    logits; the peak is the larger of the start and the end of backward."""
+    e: EngineMemory = s.engine.memory(m, w, s.options)
+    mem = Memory(
+        parameters=e.parameters,
+        gradients=e.gradients,
+        optimizer_states=e.optimizer_states,
+        activations=activation_bytes(m, w, s),
+        logits=logits_bytes(m, w),
+        buffers=e.buffers,
+        host=e.host,
+        nvme=e.nvme,
+        notes=list(e.notes),
+        # zerofit materializes (or reads from safetensors) one full parameter at a time, in fp32;
+        # the largest is the embedding or the widest FFN matrix.
+        loading_host=4 * max(m.vocab_size * m.dim, m.dim * m.ffn_dim),
     )
-    W = w.world_size
-    mem = Memory(activations=activation_bytes(m, w, s), logits=logits_bytes(m, w))
-    # zerofit materializes (or reads from safetensors) one full parameter at a time, in fp32; the
-    # largest is the embedding or the widest FFN matrix.
-    mem.loading_host = 4 * max(head, m.dim * m.ffn_dim)
-    persistent_grads = w.grad_accum_steps > 1
-    held_grads: float | None = None  # gradients alive during forward, when not `grads`
-    mixed = e_c != e_m
-
-    if s.backend == "ddp":
-        mem.parameters = P * e_m
-        mem.optimizer_states = 2 * P * e_o
-        grads = P * e_m
-        mem.buffers = (P - m.embedding_params) * e_c if mixed else 0.0  # autocast's cached casts
-        if W > 1:
-            mem.buffers += P * e_m  # reducer buckets (gradients are copied into them)
-            mem.notes.append("DDP keeps a second copy of the gradients in its all-reduce buckets")
-    elif s.backend == "fsdp":
-        S = W // s.replicate_degree
-        grads = P * e_m / S
-        gathered = (2 * Pb + Pr) * e_c if s.reshard_after_forward else P * e_c
-        mem.buffers = gathered + head * e_c  # + the root's unsharded output-head gradient
-        end_buffers = Pr * (e_c + e_r)  # root reduce-scatter: unsharded grads + reduce-dtype copy
-        if s.cpu_offload:
-            mem.host = P * e_m / S * 2 + 2 * P * e_o / S
-            mem.notes.append("parameters, gradients and AdamW states live in host RAM")
-        else:
-            mem.parameters = P * e_m / S
-            mem.optimizer_states = 2 * P * e_o / S
-        if s.cpu_offload:
-            grads = 0.0
-        elif persistent_grads:
-            # Between syncs FSDP2 accumulates *unsharded* gradients (reduce dtype) on every rank.
-            held_grads = P * e_r
-    else:  # deepspeed
-        stage = s.stage
-        part = W if stage >= 1 else 1
-        mem.parameters = P * e_c / (W if stage == 3 else 1)
-        opt = (P * e_m + 2 * P * e_o) / part  # fp32 master + two moments
-        grads = P * (w.deepspeed_grad_bytes if stage >= 2 else e_c) / (W if stage >= 2 else 1)
-        persistent_grads = True  # DeepSpeed allocates its gradient partitions up front
-        mem.buffers = w.reduce_bucket_size * e_c
-        if stage == 3:
-            mem.buffers += (2 * Pb + head) * e_c  # blocks gathered in flight + the head
-        elif stage in (1, 2):
-            mem.buffers += w.allgather_bucket_size * e_c if W > 1 else 0.0
-        end_buffers = 0.0
-        if s.offload_optimizer == "cpu":  # offload_ratio < 1: the rest stays on the GPU (Twin-Flow)
-            r = s.offload_ratio
-            mem.host += r * (opt + grads)
-            opt, grads = (1 - r) * opt, (1 - r) * grads
-        elif s.offload_optimizer == "nvme":
-            mem.nvme += opt
-            mem.host += grads + P * e_m / part  # staging buffers for the swapped states
-            opt, grads = 0.0, 0.0
-        if stage == 3 and s.offload_param != "none":
-            where = "host" if s.offload_param == "cpu" else "nvme"
-            setattr(mem, where, getattr(mem, where) + mem.parameters)
-            mem.parameters = 0.0
-        mem.optimizer_states = opt
-    if s.backend != "fsdp":
-        end_buffers = 0.0
-    mem.gradients = grads
-    if held_grads is None:
-        held_grads = grads if persistent_grads else 0.0
-    resident = mem.parameters + mem.optimizer_states
-    start = resident + mem.buffers + mem.activations + mem.logits + held_grads
-    end = resident + grads + end_buffers + (mem.buffers if s.backend != "fsdp" else 0.0)
+    held = (
+        e.held_grads if e.held_grads is not None else (e.gradients if e.persistent_grads else 0.0)
+    )
+    resident = e.parameters + e.optimizer_states
+    start = resident + e.buffers + mem.activations + mem.logits + held
+    end = resident + e.gradients + e.end_buffers + (e.buffers if e.buffers_at_end else 0.0)
     mem.peak_allocated = max(start, end)
     return mem
+
+
+def predicted_peak(cfg: Config, world: int) -> tuple[float, dict[str, float]]:
+    """The planner's peak allocated GiB for a run's (resolved) config, and its components."""
+    mem = estimate(shape_from_config(cfg), workload_for(cfg, world), strategy_for(cfg))
+    return mem.peak_allocated / GIB, {k: v / GIB for k, v in mem.components().items()}

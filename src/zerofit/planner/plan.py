@@ -10,9 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zerofit.planner.memory import Memory, Strategy, Workload, estimate
-from zerofit.planner.shape import Hardware, ModelShape
+from zerofit.backends import engines
+from zerofit.models.shape import ModelShape
+from zerofit.planner.memory import Memory, Strategy, estimate
+from zerofit.planner.shape import Hardware
 from zerofit.planner.speed import Speed, predict
+from zerofit.planner.terms import Workload
+from zerofit.schema import Config
 
 HEADROOM = 0.10  # keep 10% of GPU memory free
 HOST_SHARE = 0.85  # of host RAM usable for offload
@@ -27,39 +31,15 @@ class Option:
     why_not: str = ""
 
 
-def candidates(hw: Hardware) -> list[Strategy]:
+def candidates(hw: Hardware, base: Config | None = None) -> list[Strategy]:
+    """Every engine's option sets (on top of `base`'s sections), without and with full activation
+    checkpointing."""
+    cfg = base or Config()
     out: list[Strategy] = []
     for ac in ("none", "full"):
-        out.append(Strategy("ddp", activation_checkpointing=ac))
-        out.append(Strategy("fsdp", activation_checkpointing=ac))
-        out.append(Strategy("fsdp", reshard_after_forward=False, activation_checkpointing=ac))
-        if hw.nodes > 1:
-            out.append(Strategy("fsdp", replicate_degree=hw.nodes, activation_checkpointing=ac))
-        out.append(Strategy("fsdp", cpu_offload=True, activation_checkpointing=ac))
-        for stage in (1, 2, 3):
-            out.append(Strategy("deepspeed", stage=stage, activation_checkpointing=ac))
-        out.append(
-            Strategy("deepspeed", stage=3, offload_optimizer="cpu", activation_checkpointing=ac)
-        )
-        out.append(
-            Strategy(
-                "deepspeed",
-                stage=3,
-                offload_optimizer="cpu",
-                offload_param="cpu",
-                activation_checkpointing=ac,
-            )
-        )
-        if hw.nvme:
-            out.append(
-                Strategy(
-                    "deepspeed",
-                    stage=3,
-                    offload_optimizer="nvme",
-                    offload_param="cpu",
-                    activation_checkpointing=ac,
-                )
-            )
+        for name, eng in engines().items():
+            for opts in eng.candidates(eng.opts(cfg), hw.nodes, bool(hw.nvme)):
+                out.append(Strategy(name, opts, activation_checkpointing=ac))
     return out
 
 
@@ -79,9 +59,9 @@ def evaluate(m: ModelShape, w: Workload, hw: Hardware, s: Strategy) -> Option:
     return Option(s, mem, speed, not reasons, "; ".join(reasons))
 
 
-def plan(m: ModelShape, w: Workload, hw: Hardware) -> list[Option]:
+def plan(m: ModelShape, w: Workload, hw: Hardware, base: Config | None = None) -> list[Option]:
     """All options, fitting ones first, fastest first."""
-    opts = [evaluate(m, w, hw, s) for s in candidates(hw)]
+    opts = [evaluate(m, w, hw, s) for s in candidates(hw, base)]
     return sorted(opts, key=lambda o: (not o.fits, o.speed.step_time, o.memory.peak_reserved))
 
 

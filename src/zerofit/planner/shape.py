@@ -1,95 +1,22 @@
-"""What the planner needs to know about a model and a machine, from whatever the user has."""
+"""What the planner needs to know about a machine, from whatever the user has.
+
+The model side (``ModelShape`` and its constructors) lives in ``zerofit.models.shape``.
+"""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from zerofit.config import Config
 from zerofit.errors import UserError
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """A decoder-only transformer, in the numbers memory and FLOPs depend on."""
-
-    name: str
-    n_layers: int
-    dim: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_dim: int
-    vocab_size: int
-    tied_embeddings: bool = False
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    @property
-    def block_params(self) -> int:
-        kv = self.n_kv_heads * self.head_dim
-        attn = 2 * self.dim * self.dim + 2 * self.dim * kv
-        return attn + 3 * self.dim * self.ffn_dim + 2 * self.dim
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab_size * self.dim
-
-    @property
-    def root_params(self) -> int:
-        """Parameters outside the blocks: embedding, final norm, output head (if untied)."""
-        return self.embedding_params * (1 if self.tied_embeddings else 2) + self.dim
-
-    @property
-    def num_params(self) -> int:
-        return self.n_layers * self.block_params + self.root_params
-
-    def flops_per_token(self, seq_len: int) -> float:
-        """6 x (params - input embedding) + 12 x layers x dim x seq (PaLM/torchtitan convention)."""
-        dense = self.num_params - (0 if self.tied_embeddings else self.embedding_params)
-        return 6.0 * dense + 12.0 * self.n_layers * self.dim * seq_len
-
-
-def shape_from_preset(preset: str, overrides: dict | None = None) -> ModelShape:
-    from zerofit.models import _llama_args  # validated, with overrides
-
-    a = _llama_args(preset, overrides)
-    return ModelShape(preset, a.n_layers, a.dim, a.n_heads, a.n_kv_heads, a.ffn_dim, a.vocab_size)
-
-
-def shape_from_config(cfg: Config) -> ModelShape:
-    """The shape of a zerofit config's model (preset with overrides, or HF config.json)."""
-    m = cfg.model
-    return shape_from_hf_config(m.hf) if m.hf else shape_from_preset(m.preset, m.overrides)
-
-
-def shape_from_hf_config(path: str) -> ModelShape:
-    """From a Hugging Face config.json (a file or the directory holding it); no transformers needed."""
-    p = Path(path)
-    p = p / "config.json" if p.is_dir() else p
-    if not p.is_file():
-        raise UserError(f"no config.json at {path}")
-    try:
-        c = json.loads(p.read_text())
-        heads = c["num_attention_heads"]
-        return ModelShape(
-            name=c.get("_name_or_path") or p.parent.name,
-            n_layers=c["num_hidden_layers"],
-            dim=c["hidden_size"],
-            n_heads=heads,
-            n_kv_heads=c.get("num_key_value_heads") or heads,
-            ffn_dim=c["intermediate_size"],
-            vocab_size=c["vocab_size"],
-            tied_embeddings=bool(c.get("tie_word_embeddings", False)),
-        )
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise UserError(f"{p}: not a decoder config the planner understands ({e})") from None
-
+from zerofit.models.shape import (  # noqa: F401  re-exported until the planner imports models.shape
+    ModelShape,
+    shape_from_config,
+    shape_from_hf_config,
+    shape_from_preset,
+)
 
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGTP]?)(i?)B?\s*$", re.IGNORECASE)
 

@@ -12,18 +12,28 @@ from pathlib import Path
 
 from zerofit.config import Config, load_config, save_config, with_fields
 from zerofit.errors import UserError
-from zerofit.planner.memory import Workload
+from zerofit.models.shape import ModelShape, shape_from_config, shape_from_hf_config
+from zerofit.planner.memory import workload_for
 from zerofit.planner.plan import Option, plan, recommend, to_json
-from zerofit.planner.shape import (
-    Hardware,
-    ModelShape,
-    detect_hardware,
-    parse_size,
-    shape_from_config,
-    shape_from_hf_config,
-)
+from zerofit.planner.shape import Hardware, detect_hardware, parse_size
+from zerofit.planner.terms import GIB, Workload
 
-GIB = 2**30
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="per-GPU memory and speed of every strategy, and which to use",
+        description="Forecast per-GPU memory (by component) and speed for DDP, FSDP and ZeRO, "
+        "say what fits, and recommend.",
+    )
+    add_arguments(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    if overrides:
+        raise UserError(f"unrecognized arguments: {' '.join(overrides)}")
+    return cmd_plan(args)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -126,20 +136,15 @@ def _hardware(args: argparse.Namespace) -> Hardware:
 
 
 def _workload(args: argparse.Namespace, base: Config, hw: Hardware) -> Workload:
+    """The config's workload (`workload_for`), with the flags' and, without a config, the plain
+    defaults' micro-batch, sequence length and accumulation."""
     given = bool(args.config)
-    p = base.precision
-    compute = (
-        p.param_dtype or (p.mode if p.mode not in ("auto", "fp32") else "bf16") if given else "bf16"
-    )
-    return Workload(
-        micro_batch_size=args.micro_batch or (base.train.micro_batch_size if given else 1),
-        seq_len=args.seq_len or (base.model.seq_len if given else 2048),
-        world_size=hw.world_size,
-        grad_accum_steps=args.grad_accum or (base.train.grad_accum_steps if given else 1),
-        compute_dtype=compute,
-        master_dtype=p.master_dtype or "fp32",
-        reduce_dtype=p.reduce_dtype or "fp32",
-        loss_chunk=base.model.loss_chunk,
+    w = workload_for(base, hw.world_size)
+    return replace(
+        w,
+        micro_batch_size=args.micro_batch or (w.micro_batch_size if given else 1),
+        seq_len=args.seq_len or (w.seq_len if given else 2048),
+        grad_accum_steps=args.grad_accum or (w.grad_accum_steps if given else 1),
     )
 
 
@@ -153,6 +158,40 @@ def recommended_config(base: Config, w: Workload, option: Option) -> Config:
     return with_fields(base, fields | option.strategy.overrides())
 
 
+COLUMNS = ("strategy", "params", "grads", "optim", "activ", "logits", "buffers", "overhead")
+COLUMNS += ("GPU total", "host/GPU", "fits", "step s", "tok/s", "MFU")
+COMPONENTS = ("parameters", "gradients", "optimizer_states", "activations", "logits", "buffers")
+COMPONENTS += ("overhead",)
+
+
+def _row(o: Option) -> list[str]:
+    c = o.memory.components()
+    return [
+        o.strategy.label,
+        *(f"{c[k] / GIB:.1f}" for k in COMPONENTS),
+        f"{o.memory.peak_reserved / GIB:.1f}",
+        f"{o.memory.host / GIB:.1f}",
+        "yes" if o.fits else "no",
+        f"{o.speed.step_time:.2f}",
+        f"{o.speed.tokens_per_s:,.0f}",
+        f"{100 * o.speed.mfu:.0f}%",
+    ]
+
+
+def _verdict(options: list[Option]) -> str:
+    best = recommend(options)
+    if best is None:
+        return (
+            f"[bold red]nothing fits[/]: the closest is {options[0].strategy.label} "
+            f"({options[0].why_not}). Lower the micro-batch or seq_len, add GPUs, or add host RAM "
+            "/ NVMe for offload."
+        )
+    return (
+        f"[bold green]recommended:[/] {best.strategy.label}: "
+        f"{best.memory.peak_reserved / GIB:.1f} GiB per GPU, ~{best.speed.tokens_per_s:,.0f} tokens/s"
+    )
+
+
 def _print_tables(
     m: ModelShape, w: Workload, hw: Hardware, options: list[Option], show_all: bool
 ) -> None:
@@ -160,69 +199,23 @@ def _print_tables(
     from rich.table import Table
 
     console = Console()
-    console = Console(
-        width=max(console.width, 170)
-    )  # a wide table reads better wrapped by the terminal
+    console = Console(width=max(console.width, 170))  # a wide table reads better wrapped
     title = (
-        f"{m.name}: {m.num_params / 1e9:.2f}B params, micro-batch {w.micro_batch_size} x seq {w.seq_len}, "
-        f"{hw.world_size} x {hw.gpu_mem / GIB:.0f} GiB, {w.compute_dtype} compute / {w.master_dtype} master"
+        f"{m.name}: {m.num_params / 1e9:.2f}B params, micro-batch {w.micro_batch_size} x seq "
+        f"{w.seq_len}, {hw.world_size} x {hw.gpu_mem / GIB:.0f} GiB, {w.compute_dtype} compute / "
+        f"{w.master_dtype} master"
     )
     table = Table(title=title)
-    for col in (
-        "strategy",
-        "params",
-        "grads",
-        "optim",
-        "activ",
-        "logits",
-        "buffers",
-        "overhead",
-        "GPU total",
-        "host/GPU",
-        "fits",
-        "step s",
-        "tok/s",
-        "MFU",
-    ):
+    for col in COLUMNS:
         table.add_column(col, justify="left" if col == "strategy" else "right")
     for o in options if show_all else options[:12]:
-        c = o.memory.components()
-        table.add_row(
-            o.strategy.label,
-            *(
-                f"{c[k] / GIB:.1f}"
-                for k in (
-                    "parameters",
-                    "gradients",
-                    "optimizer_states",
-                    "activations",
-                    "logits",
-                    "buffers",
-                    "overhead",
-                )
-            ),
-            f"{o.memory.peak_reserved / GIB:.1f}",
-            f"{o.memory.host / GIB:.1f}",
-            "yes" if o.fits else "no",
-            f"{o.speed.step_time:.2f}",
-            f"{o.speed.tokens_per_s:,.0f}",
-            f"{100 * o.speed.mfu:.0f}%",
-        )
+        table.add_row(*_row(o))
     console.print(table)
     console.print(
-        "GiB per GPU; GPU total = peak allocated + CUDA context + fragmentation. Speed: roofline (see zerofit/planner/speed.py)."
+        "GiB per GPU; GPU total = peak allocated + CUDA context + fragmentation. Speed: roofline "
+        "(see zerofit/planner/speed.py)."
     )
-    best = recommend(options)
-    if best is None:
-        console.print(
-            f"[bold red]nothing fits[/]: the closest is {options[0].strategy.label} ({options[0].why_not}). "
-            "Lower the micro-batch or seq_len, add GPUs, or add host RAM / NVMe for offload."
-        )
-    else:
-        console.print(
-            f"[bold green]recommended:[/] {best.strategy.label}: {best.memory.peak_reserved / GIB:.1f} GiB per GPU, "
-            f"~{best.speed.tokens_per_s:,.0f} tokens/s"
-        )
+    console.print(_verdict(options))
 
 
 def measure(base: Config, w: Workload, options: list[Option], k: int) -> list[dict]:
@@ -286,7 +279,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     shape, base = _model_and_base(args)
     hw = _hardware(args)
     w = _workload(args, base, hw)
-    options = plan(shape, w, hw)
+    options = plan(shape, w, hw, base)
     if args.json:
         print(json.dumps(to_json(shape, w, hw, options), indent=1))
     else:

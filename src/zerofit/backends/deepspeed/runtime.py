@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO stages 0-3 with CPU/NVMe offload, configured from the same zerofit config.
 
-The DeepSpeed JSON comes from `zerofit.ds_config` (one table of field <-> JSON path). At stage 3 the
+The DeepSpeed JSON comes from `ds_json` (one table of field <-> JSON path). At stage 3 the
 model is built inside `deepspeed.zero.Init`, so each module's parameters are partitioned as soon as
 the module exists; each rank then fills only its own partition with the same name-seeded init the
 other engines use. No rank ever holds the full model.
@@ -12,14 +12,13 @@ import contextlib
 import os
 import warnings
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from zerofit.backends.base import Backend, Gate, materialize_from_spec, register
-from zerofit.backends.deepspeed_checkpoint import ZeroCheckpointReader
+from zerofit.backends.base import Backend, Gate, materialize_from_spec
+from zerofit.backends.deepspeed.ds_json import to_ds_json
 from zerofit.backends.torch_common import param_groups
 from zerofit.checkpoint.neutral import (
     MODEL,
@@ -29,10 +28,8 @@ from zerofit.checkpoint.neutral import (
     NeutralView,
     checkpoint_error,
     open_reader,
-    register_format,
 )
 from zerofit.checkpoint.safe_load import load_torch_file
-from zerofit.config import Config, resolve_precision
 from zerofit.errors import UserError
 from zerofit.faults.nonfinite import StepResult
 from zerofit.models import ModelSpec
@@ -56,51 +53,12 @@ def _deepspeed():  # noqa: ANN202 - the module, imported late: it is an optional
     return deepspeed
 
 
-register_format("deepspeed", ZeroCheckpointReader)
-
-
-@register("deepspeed")
 class DeepSpeedBackend(Backend):
-    own_keys = ("parallel.deepspeed.",)
+    name = "deepspeed"
     checkpoint_format = "deepspeed"
-
-    @classmethod
-    def prepare_config(cls, cfg: Config, world_size: int, device_type: str) -> Config:
-        from zerofit.ds_config import merge_user_json
-
-        cfg = merge_user_json(cfg, world_size)
-        ds = cfg.parallel.deepspeed
-        if ds.torch_adam is None:  # DeepSpeed's Adam kernels JIT-compile; on CPU use torch's AdamW
-            ds = replace(ds, torch_adam=device_type != "cuda")
-        if ds.stage < 3 and ds.offload_param != "none":
-            raise UserError(f"parallel.deepspeed.offload_param needs stage 3 (stage is {ds.stage})")
-        if "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path:
-            raise UserError("nvme offload needs parallel.deepspeed.nvme_path")
-        if not 0.0 <= ds.offload_ratio <= 1.0:
-            raise UserError(
-                f"parallel.deepspeed.offload_ratio must be in [0, 1], got {ds.offload_ratio}"
-            )
-        if ds.offload_ratio != 1.0 and (ds.stage != 3 or ds.offload_optimizer != "cpu"):
-            raise UserError(
-                "parallel.deepspeed.offload_ratio needs stage 3 with offload_optimizer: cpu"
-            )
-        prec = resolve_precision(cfg.precision, device_type)
-        bf16_masters = prec.master_dtype == prec.param_dtype == "bf16"
-        if prec.master_dtype != "fp32" and not bf16_masters:
-            raise UserError(
-                f"deepspeed keeps master weights in fp32, or in bf16 with bf16 compute; got "
-                f"precision.master_dtype={prec.master_dtype}, param_dtype={prec.param_dtype}"
-            )
-        if cfg.parallel.replicate_degree != 1:
-            raise UserError(
-                "parallel.replicate_degree (hybrid sharding) is an FSDP option; deepspeed shards over all ranks"
-            )
-        return replace(cfg, parallel=replace(cfg.parallel, deepspeed=ds))
 
     def setup(self, spec: ModelSpec, init_seed: int) -> None:
         deepspeed = _deepspeed()
-        from zerofit.ds_config import to_ds_json
-
         self.ds_json = to_ds_json(self.cfg, self.ctx.world_size)
         if (
             self.precision.param_dtype == "fp16"
@@ -347,3 +305,6 @@ def _init_params_(
             weights=spec.weights,
         )
         _set_full_param_(p, full, rank, masters)
+
+
+BACKEND = DeepSpeedBackend

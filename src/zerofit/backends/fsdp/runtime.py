@@ -8,25 +8,17 @@ from collections.abc import Iterator
 import torch
 from torch.distributed.fsdp import FSDPModule
 
-from zerofit.backends.base import materialize_from_spec, register
+from zerofit.backends.base import materialize_from_spec
 from zerofit.backends.torch_common import TorchBackend, build_adamw
 from zerofit.models import ModelSpec
 from zerofit.parallelize import apply_ac, apply_compile, apply_fsdp, get_blocks
 
 
-@register("fsdp")
 class FSDPBackend(TorchBackend):
-    own_keys = (
-        "parallel.reshard_after_forward",
-        "parallel.prefetch",
-        "parallel.wrap",
-        "parallel.min_num_params",
-        "parallel.cpu_offload",
-        "parallel.replicate_degree",
-    )
+    name = "fsdp"
 
     def setup(self, spec: ModelSpec, init_seed: int) -> None:
-        p = self.parallel
+        p, f = self.parallel, self.parallel.fsdp
         module = spec.module.to(self.master_dtype)  # on meta: a dtype change only
         blocks = get_blocks(module, spec.blocks_path)
         apply_ac(blocks, p.activation_checkpointing, p.ac_every)
@@ -38,13 +30,13 @@ class FSDPBackend(TorchBackend):
             self.ctx.mesh,
             param_dtype=self.param_dtype,
             reduce_dtype=self.reduce_dtype,
-            reshard_after_forward=p.reshard_after_forward,
-            cpu_offload=p.cpu_offload,
-            wrap=p.wrap,
-            min_num_params=p.min_num_params,
-            prefetch=p.prefetch,
+            reshard_after_forward=f.reshard_after_forward,
+            cpu_offload=f.cpu_offload,
+            wrap=f.wrap,
+            min_num_params=f.min_num_params,
+            prefetch=f.prefetch,
         )
-        init_device = torch.device("cpu") if p.cpu_offload else self.ctx.device
+        init_device = torch.device("cpu") if f.cpu_offload else self.ctx.device
         materialize_from_spec(module, init_device, spec, init_seed)
         self.model = module
         self.scaler = self.make_scaler()
@@ -68,3 +60,6 @@ class FSDPBackend(TorchBackend):
         # Accumulate unsharded-free: gradients are reduce-scattered only on the last micro-batch.
         self.model.set_requires_gradient_sync(is_last)
         yield
+
+
+BACKEND = FSDPBackend

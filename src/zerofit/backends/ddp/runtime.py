@@ -9,14 +9,15 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from zerofit.backends.base import materialize_from_spec, register
+from zerofit.backends.base import materialize_from_spec
 from zerofit.backends.torch_common import TorchBackend, build_adamw
 from zerofit.models import ModelSpec
 from zerofit.parallelize import apply_ac, apply_compile, get_blocks
 
 
-@register("ddp")
 class DDPBackend(TorchBackend):
+    name = "ddp"
+
     def setup(self, spec: ModelSpec, init_seed: int) -> None:
         module = spec.module.to(self.master_dtype)
         blocks = get_blocks(module, spec.blocks_path)
@@ -64,3 +65,6 @@ class DDPBackend(TorchBackend):
         )
         with sync, autocast:
             yield
+
+
+BACKEND = DDPBackend

@@ -1,0 +1,103 @@
+"""What every engine declares about itself, without importing torch or the engine library.
+
+An `Engine` is the one place that knows an engine: its config section (`parallel.<name>.*`), how
+it resolves a config before launch, its planner terms (memory components, communication, offload
+time, efficiency), its doctor rule (the share of the parameters a rank should hold) and its OOM
+remedies. Its runtime `Backend` (torch) is imported only when a run starts. `zerofit.backends`
+holds the registry; nothing outside an engine's package compares engine names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from zerofit.planner.terms import EngineMemory, Traffic, Workload
+
+if TYPE_CHECKING:
+    from zerofit.backends.base import Backend
+    from zerofit.config import Config
+    from zerofit.models.shape import ModelShape
+    from zerofit.planner.shape import Hardware
+
+
+class Engine:
+    name: ClassVar[str]
+    options: ClassVar[type]  # the dataclass of `parallel.<name>`
+    runtime_module: ClassVar[str]  # where its Backend lives (imports torch)
+    checkpoint_format: ClassVar[str] = "dcp"
+    # "module:Class" reading a checkpoint of a format other than DCP (model_dir -> StorageReader).
+    checkpoint_reader: ClassVar[str | None] = None
+    # Option fields the planner chooses (written by `zerofit plan --write`).
+    plan_keys: ClassVar[tuple[str, ...]] = ()
+    # Roofline: share of the peak the model FLOPs reach eager at hidden 2048, and torch.compile's gain.
+    efficiency: ClassVar[float]
+    compile_gain: ClassVar[float]
+    # Under full activation checkpointing, each block's saved input is fp32 (autocast keeps the
+    # master-dtype residual stream) rather than the compute dtype.
+    fp32_checkpoints: ClassVar[bool] = False
+    # Modules with a `register(subparsers)`: this engine's own `zerofit` subcommands.
+    commands: ClassVar[tuple[str, ...]] = ()
+
+    # ------------------------------------------------------------------ config
+
+    def opts(self, cfg: Config) -> Any:
+        """This engine's section of a config."""
+        return getattr(cfg.parallel, self.name)
+
+    def section(self, **values: Any) -> Any:
+        return self.options(**values)
+
+    def prepare(self, cfg: Config, world_size: int, device_type: str) -> Config:
+        """Engine-specific resolution before the config is saved (e.g. merge a ds_config.json).
+        `cfg.precision` is already resolved."""
+        return cfg
+
+    def check_world(self, opts: Any, world_size: int) -> None:
+        """Refuse a world size this engine's options cannot use."""
+
+    def replicas(self, opts: Any) -> int:
+        """Replicas on the outer dim of the device mesh (hybrid sharding), else 1."""
+        return 1
+
+    def own_keys(self) -> tuple[str, ...]:
+        """Config key prefixes only this engine reads: `zerofit bench` sweeps them for it alone."""
+        return (f"parallel.{self.name}.",)
+
+    def runtime(self) -> type[Backend]:
+        return importlib.import_module(self.runtime_module).BACKEND
+
+    # ------------------------------------------------------------------ planner
+
+    def candidates(self, base: Any, nodes: int, nvme: bool) -> list[Any]:
+        """The option sets `zerofit plan` compares on `nodes` nodes (with NVMe space or not),
+        varied from `base`, the config's own section (its other settings are kept)."""
+        return [base]
+
+    def label(self, opts: Any) -> str:
+        raise NotImplementedError
+
+    def memory(self, m: ModelShape, w: Workload, opts: Any) -> EngineMemory:
+        raise NotImplementedError
+
+    def traffic(self, m: ModelShape, w: Workload, opts: Any) -> Traffic:
+        raise NotImplementedError
+
+    def offload_seconds(self, m: ModelShape, w: Workload, opts: Any, hw: Hardware) -> float:
+        """Host-side optimizer and PCIe/NVMe time per step (0 without offload)."""
+        return 0.0
+
+    # ------------------------------------------------------------------ doctor
+
+    def shard_share(self, opts: Any, world_size: int) -> float:
+        """The share of the parameters each rank should hold."""
+        return 1.0
+
+    def unsharded(self, opts: Any, world_size: int) -> tuple[str, str] | None:
+        """When a rank holds every parameter on several ranks: (status, why), or None when this
+        engine never shards parameters (no finding)."""
+        return None
+
+    def remedies(self, cfg: Config) -> list[tuple[str, dict[str, Any]]]:
+        """OOM next steps this engine offers: (what to do, config fields to set)."""
+        return []

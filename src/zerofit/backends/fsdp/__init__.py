@@ -1,0 +1,1 @@
+"""The fsdp engine: options.py (its config section), spec.py (planner, doctor, launch), runtime.py (torch)."""

@@ -1,0 +1,77 @@
+"""The quantities every engine's planner terms are written in (no config, no torch).
+
+Conventions (bytes; P = parameters, T = micro_batch x seq_len tokens, e_c / e_m / e_r = bytes of
+the compute, master (and optimizer-state) and reduction dtypes). See `zerofit.planner.memory` for
+how the components add up to a peak, and `zerofit.planner.speed` for the roofline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Workload:
+    micro_batch_size: int
+    seq_len: int
+    world_size: int
+    grad_accum_steps: int = 1
+    compute_dtype: str = "bf16"
+    master_dtype: str = "fp32"
+    reduce_dtype: str = "fp32"
+    reduce_bucket_size: int = 500_000_000  # deepspeed defaults, elements
+    allgather_bucket_size: int = 500_000_000
+    loss_chunk: int = 4096  # tokens per chunk of the fused head + loss (0: full logits)
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch_size * self.seq_len
+
+    @property
+    def e_c(self) -> int:
+        return BYTES[self.compute_dtype]
+
+    @property
+    def e_m(self) -> int:
+        return BYTES[self.master_dtype]
+
+    @property
+    def e_r(self) -> int:
+        return BYTES[self.reduce_dtype]
+
+
+@dataclass
+class EngineMemory:
+    """What one engine keeps per rank besides activations and logits (bytes).
+
+    `gradients` is the gradient storage at the end of backward; `held_grads` what is alive during
+    forward (None: `gradients` if they persist between steps, else nothing); `end_buffers` what
+    exists only at the end of backward; `buffers_at_end` whether `buffers` are still alive then.
+    """
+
+    parameters: float = 0.0
+    gradients: float = 0.0
+    optimizer_states: float = 0.0
+    buffers: float = 0.0
+    host: float = 0.0
+    nvme: float = 0.0
+    held_grads: float | None = None
+    persistent_grads: bool = False
+    end_buffers: float = 0.0
+    buffers_at_end: bool = True
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes each rank moves per optimizer step through collectives, over a group of `group`."""
+
+    volume: float
+    group: int
+
+    @property
+    def per_rank(self) -> float:
+        return self.volume * (self.group - 1) / self.group if self.group > 1 else 0.0

@@ -1,0 +1,233 @@
+"""What only a GPU can check: torch.compile against eager (FSDP2 and ZeRO-3), the fused attention
+kernels against each other, and the CUDA-event step timer against the wall clock.
+
+Every test is marked `gpu`; tests/conftest.py skips them where torch.cuda.is_available() is false,
+so on a CPU they cost nothing. One GPU is enough (every run is `zerofit train --nproc 1`), and
+nothing beyond PyTorch is assumed except DeepSpeed for the ZeRO-3 test (skipped without it). On one
+H200 the module takes about 3 minutes, mostly process start-up and Inductor compiling.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import deep_update, losses, train_run
+
+pytestmark = pytest.mark.gpu
+
+# The in-process checks import zerofit from this checkout, as the CLI runs do (no install needed).
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+if SRC not in sys.path:
+    sys.path.insert(0, SRC)
+
+# conftest's TINY (preset tiny, 2 layers, fp32, 10 steps, log every step) at a GPU-sized batch.
+GPU = {
+    "model": {"seq_len": 256},
+    "train": {"micro_batch_size": 8},
+    "checkpoint": {"save_final": False},
+}
+
+# fp32 without TF32 (zerofit leaves torch's default, "highest"), so Inductor's fused kernels differ
+# from eager only in summation order: ~1e-7 relative per op, amplified by AdamW over 10 steps
+# (observed on an H200, torch 2.11: 4.6e-7 FSDP, 3.5e-7 ZeRO-3). A wrong graph, a stale (ungathered)
+# ZeRO-3 parameter or a missed update moves the loss by > 1e-2.
+COMPILE_RTOL = 1e-5
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _worst(got: dict[int, float], ref: dict[int, float]) -> float:
+    assert sorted(got) == sorted(ref)
+    return max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref)
+
+
+def _inductor_outputs(cache: Path) -> list[Path]:
+    """Python modules Inductor generated under its cache dir (there are none unless it compiled)."""
+    return sorted(cache.rglob("*.py")) if cache.is_dir() else []
+
+
+def _compile_pair(tmp: Path, monkeypatch: pytest.MonkeyPatch, parallel: dict) -> float:
+    """Train eager and compiled, each with its own empty Inductor cache; return the worst relative
+    loss difference after checking that Inductor compiled the second run and not the first."""
+    runs = {}
+    for compiled in (False, True):
+        name = "compiled" if compiled else "eager"
+        cache = tmp / f"inductor_{name}"
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))  # the workers inherit it
+        extra = deep_update(GPU, {"parallel": {**parallel, "compile": compiled}})
+        runs[name] = train_run(tmp, name, extra, "--nproc", "1")
+        made = _inductor_outputs(cache)
+        assert bool(made) == compiled, (name, made[:5])
+    eager, compiled_losses = losses(runs["eager"]), losses(runs["compiled"])
+    assert len(eager) == 10 and eager[10] < eager[1] - 0.5, eager  # it learns
+    return _worst(compiled_losses, eager)
+
+
+def test_fsdp_compile_matches_eager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    worst = _compile_pair(tmp_path, monkeypatch, {"backend": "fsdp"})
+    print(f"FSDP compile vs eager: max relative loss difference over 10 steps = {worst:.2e}")
+    assert worst <= COMPILE_RTOL
+
+
+def test_zero3_compiled_forward_matches_eager(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ZeRO-3 compiles each block's forward inside DeepSpeed's gather hooks. Every parameter is
+    partitioned (no persistence threshold), so the compiled forward must see gathered weights."""
+    pytest.importorskip("deepspeed")
+    ds = {"stage": 3, "param_persistence_threshold": 0, "torch_adam": True}  # no JIT-built ops
+    worst = _compile_pair(tmp_path, monkeypatch, {"backend": "deepspeed", "deepspeed": ds})
+    print(f"ZeRO-3 compile vs eager: max relative loss difference over 10 steps = {worst:.2e}")
+    assert worst <= COMPILE_RTOL
+
+
+# --------------------------------------------------------------------------- attention kernels
+
+KERNELS = {
+    "flash": "FLASH_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+}
+# bf16 compute: each kernel rounds its bf16 output differently (~4e-3 relative per element), which
+# averages out in the loss (observed on an H200 over 6 steps: cudnn 1.6e-4, efficient 2.7e-4, math
+# 7.9e-4 from flash). A broken mask (non-causal: the model sees the next token) or a wrong kv-head
+# mapping moves it by > 0.1.
+ATTENTION_RTOL = 5e-3
+ATTENTION_STEPS = 6
+_attention_runs: dict[str, Path] = {}
+
+
+def _attention_run(tmp: Path, name: str) -> Path:
+    if name not in _attention_runs:
+        extra = deep_update(
+            GPU,
+            {
+                "model": {"attention": name},
+                "precision": {"mode": "bf16"},
+                "train": {"steps": ATTENTION_STEPS},
+            },
+        )
+        _attention_runs[name] = train_run(tmp, f"attention_{name}", extra, "--nproc", "1")
+    return _attention_runs[name]
+
+
+@pytest.fixture(scope="module")
+def attention_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("attention")
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_attention_kernel_is_the_one_that_runs(name: str, attention_tmp: Path) -> None:
+    """zerofit only enables the named kernel (math stays as PyTorch's fallback). Called with the
+    model's shapes and dtype under `sdpa_kernel([that kernel])`, which has no fallback, attention
+    forward and backward must succeed: then the dispatcher picks it over math in the run too."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from zerofit.models import llama
+
+    args = llama.PRESETS["tiny"]
+    b, t = GPU["train"]["micro_batch_size"], GPU["model"]["seq_len"]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(heads: int) -> torch.Tensor:
+        shape = (b, heads, t, args.head_dim)
+        x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+        return x.requires_grad_()
+
+    q, k, v = rand(args.n_heads), rand(args.n_kv_heads), rand(args.n_kv_heads)
+    llama.set_attention_backend(name)
+    try:
+        with sdpa_kernel([getattr(SDPBackend, KERNELS[name])]):
+            llama.grouped_attention(q, k, v).float().square().mean().backward()
+    finally:
+        llama.set_attention_backend("auto")
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+    got = losses(_attention_run(attention_tmp, name))
+    assert len(got) == ATTENTION_STEPS and got[ATTENTION_STEPS] < got[1], got  # it learns
+
+
+def test_attention_kernels_agree(attention_tmp: Path) -> None:
+    runs = {name: losses(_attention_run(attention_tmp, name)) for name in KERNELS}
+    ref = runs["flash"]
+    for name, got in runs.items():
+        worst = _worst(got, ref)
+        print(f"attention {name} vs flash: max relative loss difference = {worst:.2e}")
+        assert worst <= ATTENTION_RTOL, (name, {s: (ref[s], got[s]) for s in ref})
+
+
+# --------------------------------------------------------------------------- step timer
+
+
+def test_step_timer_times_the_gpu_without_waiting_for_it() -> None:
+    """zerofit.metrics.StepTimer records CUDA events and never synchronizes in the step. On a
+    workload whose duration the wall clock measured (host waiting for the GPU), the events agree
+    with it, while the host got past both marks long before the GPU finished."""
+    import torch
+
+    from zerofit.metrics import StepTimer
+
+    dev = torch.device("cuda")
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    out = torch.empty_like(a)
+
+    def work() -> None:  # 100 products of 1.1 TFLOP each: ~0.15 s on an H200
+        for _ in range(100):
+            torch.mm(a, a, out=out)
+
+    for _ in range(2):  # warm-up: cuBLAS handles, clocks
+        work()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    work()
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+
+    timer = StepTimer(dev)
+    timer.mark()
+    h0 = time.perf_counter()
+    work()
+    timer.mark()
+    host = time.perf_counter() - h0
+    (timed,) = timer.durations()
+    print(
+        f"StepTimer {timed * 1e3:.1f} ms, wall clock {wall * 1e3:.1f} ms, host {host * 1e3:.1f} ms"
+    )
+    assert wall > 0.02, wall  # long enough for a 5% comparison
+    assert abs(timed - wall) <= 0.05 * wall, (timed, wall)
+    assert host < 0.5 * timed, (host, timed)  # mark() did not wait for the GPU
+
+
+def test_logged_step_times_match_the_wall_clock(tmp_path: Path) -> None:
+    """A training run whose steps are long (fp32 matmuls, ~0.12 s on an H200): the per-step CUDA-event
+    times in summary.json (what `zerofit bench` reads) against the wall-clock step_time_s logged
+    after a synchronize at every step, and their sum against the run's wall time."""
+    steps = 8
+    extra = deep_update(
+        GPU,
+        {
+            "model": {"preset": "small", "seq_len": 1024, "overrides": {"n_layers": 4}},
+            "data": {"max_tokens": 1_000_000},
+            "train": {"steps": steps, "micro_batch_size": 32},
+        },
+    )
+    run = train_run(tmp_path, "timer", extra, "--nproc", "1")
+    summary = json.loads((run / "summary.json").read_text())
+    events = summary["step_times_s"]
+    wall = {r["step"]: r["step_time_s"] for r in _metrics(run) if "step_time_s" in r}
+    assert len(events) == steps and sorted(wall) == list(range(1, steps + 1)), (events, wall)
+    steady = range(3, steps + 1)  # the first steps include cuBLAS/allocator warm-up
+    pairs = {s: (events[s - 1], wall[s]) for s in steady}
+    print("step: (CUDA events s, wall clock s)", pairs)
+    assert min(wall[s] for s in steady) > 0.03, pairs  # host overheads (a few ms) are < 10% of that
+    for s, (timed, clock) in pairs.items():
+        assert abs(timed - clock) <= 0.1 * clock, (s, timed, clock)
+    total = summary["wall_time_s"]
+    assert abs(sum(events) - total) <= 0.05 * total, (sum(events), total)
