@@ -195,3 +195,25 @@ def test_bf16_master_weights_are_the_exact_fp32_init(tmp_path: Path, stage: int)
         timeout=300,
     )
     assert "MISMATCHED 0 []" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+def test_fp16_where_deepspeed_cannot_run_it_is_one_line(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:  # noqa: ANN001
+    """Forced path: an accelerator without fp16 (some CPUs). The seed JSON asks for fp16; the
+    launcher refuses before any worker starts, in one line, exit 2, on every machine."""
+    from deepspeed.accelerator import get_accelerator
+
+    from zerofit.cli import main
+
+    monkeypatch.setattr(type(get_accelerator()), "is_fp16_supported", lambda self: False)
+    monkeypatch.chdir(tmp_path)
+    cfg = write_config(
+        tmp_path / "seed.yaml",
+        {"parallel": {"backend": "deepspeed", "deepspeed": {"config": str(SEED_JSON)}}},
+    )
+    code = main(["train", "-c", str(cfg), "--nproc", "2", "--train.micro_batch_size", "32"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("error: fp16 compute") and "use bf16 or fp32" in err[0], err
+    assert not (tmp_path / "runs").exists()  # refused before the run directory

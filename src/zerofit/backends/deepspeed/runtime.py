@@ -60,14 +60,6 @@ class DeepSpeedBackend(Backend):
     def setup(self, spec: ModelSpec, init_seed: int) -> None:
         deepspeed = _deepspeed()
         self.ds_json = to_ds_json(self.cfg, self.ctx.world_size)
-        if (
-            self.precision.param_dtype == "fp16"
-            and not deepspeed.get_accelerator().is_fp16_supported()
-        ):
-            raise UserError(
-                f"fp16 compute (precision.param_dtype, or the DeepSpeed JSON's fp16 section) is not "
-                f"supported by DeepSpeed on this {self.ctx.device.type.upper()}; use bf16 or fp32"
-            )
         # DeepSpeed calls torch.distributed functions that torch has deprecated, from inside;
         # users can do nothing about it, and the warning repeats on every step.
         warnings.filterwarnings(

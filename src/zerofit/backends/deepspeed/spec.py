@@ -21,6 +21,16 @@ CPU_ADAM_BW = 42e9
 NVME_BW = 3e9  # bytes/s per node
 
 
+def fp16_supported() -> bool:
+    """Whether DeepSpeed's accelerator here runs fp16 (CPUs differ). Without DeepSpeed installed,
+    the runtime's own error says how to install it."""
+    try:
+        from deepspeed.accelerator import get_accelerator
+    except ImportError:
+        return True
+    return bool(get_accelerator().is_fp16_supported())
+
+
 def grad_bytes(w: Workload) -> int:
     """DeepSpeed's gradient partitions: bf16 with bf16 master weights
     (bf16_master_weights_and_grads), else the reduce dtype."""
@@ -57,6 +67,11 @@ class DeepSpeed(Engine):
             raise UserError(
                 f"deepspeed keeps master weights in fp32, or in bf16 with bf16 compute; got "
                 f"precision.master_dtype={prec.master_dtype}, param_dtype={prec.param_dtype}"
+            )
+        if prec.param_dtype == "fp16" and not fp16_supported():
+            raise UserError(
+                f"fp16 compute (precision.param_dtype, or the DeepSpeed JSON's fp16 section) is not "
+                f"supported by DeepSpeed on this {device_type.upper()}; use bf16 or fp32"
             )
         if ds.torch_adam is None:  # DeepSpeed's Adam kernels JIT-compile; on CPU use torch's AdamW
             cfg = with_fields(cfg, {"parallel.deepspeed.torch_adam": device_type != "cuda"})
