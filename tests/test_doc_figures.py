@@ -255,6 +255,7 @@ def bench_row(r: dict, loss: bool = True) -> list:
 
 
 SPEED = "2026-12-02-speed/"
+HOUSE8B = "2026-12-03-house-h200/8b/results.json"
 FIRST, PAIR, ALL13 = (
     SPEED + f
     for f in ("first-call-8b-results.json", "pair-1b-results.json", "all-13b-results.json")
@@ -446,7 +447,16 @@ def readme_speed() -> dict[str, list]:
     b = bench(FIRST)["fsdp bf16-states mbs2 ga2"]
     f, z = bench(PAIR)["fsdp mbs8 ga2"], bench(PAIR)["zero3 mbs8 ga2"]
     t = bench(ALL13)["zero3 optim 50% cpu bf16-states"]
+    hf, hz = (
+        bench(HOUSE8B)["fsdp bf16-states mbs2 ga2"],
+        bench(HOUSE8B)["zero3 bf16-states mbs2 ga2"],
+    )
     return {
+        "Llama-3-8B shape, seq 4096, no AC, mbs 2 x 2 (2026-12-03)": [
+            ...,
+            [hf["tokens_per_s"], pct(hf["mfu"])],
+            [hz["tokens_per_s"], pct(hz["mfu"]), hz["tokens_per_s"] / hf["tokens_per_s"]],
+        ],
         "Llama-3-8B shape, seq 4096, no AC, mbs 2 x 2": [
             ...,
             [b["tokens_per_s"], pct(b["mfu"])],
@@ -672,7 +682,7 @@ CHECKS: dict[str, Check] = {
     "readme-export": Check(README, [COST], readme_export),
     "readme-preempt": Check(README, [PREEMPT, COST], readme_preempt),
     "readme-1b": Check(README, [PAIR], readme_1b),
-    "readme-speed": Check(README, [FIRST, PAIR, ALL13], readme_speed),
+    "readme-speed": Check(README, [HOUSE8B, FIRST, PAIR, ALL13], readme_speed),
     "speed-8b-first": Check(SPEED_DOC, [FIRST], speed_8b_first),
     "speed-8b-first-ratio": Check(SPEED_DOC, [FIRST], speed_8b_first_text),
     "speed-1b-pair": Check(SPEED_DOC, [PAIR], speed_1b),
