@@ -8,12 +8,12 @@ resolved config. Usage (GPU machine): python3 benchmarks/calibrate.py OUT_DIR [N
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+from zerofit import runner
 from zerofit.config import load_config
-from zerofit.doctor import predicted_peak
+from zerofit.planner.memory import predicted_peak
 
 ONE_B = ["--model.preset", "llama3-1b", "--precision.mode", "bf16"]
 EIGHT_B = ["--model.preset", "llama3-8b", "--precision.mode", "bf16"]
@@ -85,25 +85,22 @@ COMMON = [
 ]
 
 
+def pairs(flags: list[str]) -> list[tuple[str, str]]:
+    """['--a.b', 'v', ...] -> [('--a.b', 'v'), ...]"""
+    return list(zip(flags[::2], flags[1::2], strict=True))
+
+
 def main(out: Path, names: list[str]) -> None:
     rows = []
     for name in names or list(CONFIGS):
         run = out / name
-        args = [
-            sys.executable,
-            "-m",
-            "zerofit.cli",
-            "train",
-            *COMMON,
-            *CONFIGS[name],
-            "--log.run_dir",
-            str(run),
-        ]
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=240)
-        summary = run / "summary.json"
-        measured = (
-            json.loads(summary.read_text()).get("mem_alloc_gib") if summary.is_file() else None
+        got = runner.train(
+            run,
+            [a[2:] + "=" + b for a, b in pairs([*COMMON, *CONFIGS[name]])],
+            out / f"{name}.log",
+            timeout=240,
         )
+        measured = (got.summary or {}).get("mem_alloc_gib")
         cfg = load_config(run / "config.yaml")
         predicted, parts = predicted_peak(cfg, 1)
         row = {
@@ -115,9 +112,8 @@ def main(out: Path, names: list[str]) -> None:
         if measured:
             row["error"] = predicted / measured - 1
         else:
-            errors = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln]
+            errors = [ln for ln in got.log().splitlines() if "Error" in ln or "error" in ln]
             row["failure"] = (errors or ["?"])[-3:]
-            (out / f"{name}.err").write_text(proc.stderr[-20000:])
         rows.append(row)
         err = f"{100 * row['error']:+.1f}%" if measured else " | ".join(row["failure"])[:400]
         print(

@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 import statistics
-import subprocess
-import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from zerofit import runner
 from zerofit.errors import UserError
 from zerofit.metrics import rates
 
@@ -150,43 +147,24 @@ class Settings:
 
 def run_variant(variant: Variant, index: int, out: Path, st: Settings) -> Result:
     run_dir = out / slug(index, variant.name)
-    log_file = out / "logs" / f"{run_dir.name}.log"
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "zerofit.cli", "train"]
-    cmd += ["-c", st.config] if st.config else []
-    cmd += ["--nproc", str(st.nproc)] if st.nproc else []
     total = st.warmup + st.steps
-    forced = [
-        f"log.run_dir={run_dir}",
-        f"train.steps={total}",
-        "train.eval_every=0",
-        f"log.every={total}",
-        "log.progress=false",
-        "checkpoint.every=0",
-        "checkpoint.save_final=false",
-    ]
-    cmd += [f"--{o}" for o in [*st.base, *variant.overrides, *forced]]
+    forced = [f"train.steps={total}", f"log.every={total}", *runner.MEASURE_ONLY]
+    outcome = runner.train(
+        run_dir,
+        [*st.base, *variant.overrides, *forced],
+        out / "logs" / f"{run_dir.name}.log",
+        st.config,
+        st.nproc,
+        st.timeout,
+    )
     result = Result(variant.name, variant.overrides, variant.backend, "ok", run_dir=str(run_dir))
-    t0 = time.perf_counter()
-    with open(log_file, "w") as log:
-        log.write(" ".join(cmd) + "\n")
-        log.flush()
-        try:
-            code = subprocess.run(
-                cmd, stdout=log, stderr=subprocess.STDOUT, timeout=st.timeout, env=os.environ.copy()
-            ).returncode
-        except subprocess.TimeoutExpired:
-            code = -1
-    result.wall_s = time.perf_counter() - t0
-    text = log_file.read_text(errors="replace")
-    summary_file = run_dir / "summary.json"
-    if code == -1:
+    result.wall_s = outcome.wall_s
+    if outcome.code == -1:
         result.status, result.error = "timeout", f"no result within {st.timeout:.0f} s"
-    elif code != 0 or not summary_file.is_file():
-        result.status, result.error = _classify(code, text)
+    elif not outcome.ok:
+        result.status, result.error = _classify(outcome.code, outcome.log())
     else:
-        summary = json.loads(summary_file.read_text())
-        for key, value in measure(summary, st.warmup).items():
+        for key, value in measure(outcome.summary, st.warmup).items():  # type: ignore[arg-type]
             setattr(result, key, value)
     return result
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -220,57 +218,33 @@ def _print_tables(
 
 def measure(base: Config, w: Workload, options: list[Option], k: int) -> list[dict]:
     """Run the k best fitting strategies for a few steps on this machine; predicted vs measured."""
+    from zerofit import runner
+
     rows = []
     for o in [o for o in options if o.fits][:k]:
-        cfg = recommended_config(base, w, o)
-        cfg = with_fields(
-            cfg,
-            {
-                "train.steps": 4,
-                "train.eval_every": 0,
-                "log.every": 1,
-                "log.progress": False,
-                "checkpoint.save_final": False,
-            },
-        )
+        cfg = with_fields(recommended_config(base, w, o), {"train.steps": 4, "log.every": 1})
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "cfg.yaml"
-            save_config(replace(cfg, log=replace(cfg.log, run_dir=str(Path(tmp) / "run"))), path)
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "zerofit.cli",
-                    "train",
-                    "-c",
-                    str(path),
-                    "--nproc",
-                    str(w.world_size),
-                ],
-                capture_output=True,
-                text=True,
+            save_config(cfg, path)
+            got = runner.train(
+                Path(tmp) / "run", runner.MEASURE_ONLY, Path(tmp) / "log", str(path), w.world_size
             )
-            summary = Path(tmp) / "run" / "summary.json"
-            got = json.loads(summary.read_text()) if summary.is_file() else {}
-        measured = got.get("mem_alloc_gib")
+            failed = None if got.ok else got.log().strip().splitlines()[-1:]
+        measured = (got.summary or {}).get("mem_alloc_gib")
         predicted = o.memory.peak_allocated / GIB
+        error = predicted / measured - 1 if measured else None
         rows.append(
             {
                 "strategy": o.strategy.label,
                 "predicted_gib": predicted,
                 "measured_gib": measured,
-                "error": (predicted / measured - 1) if measured else None,
-                "failed": None if proc.returncode == 0 else proc.stderr.strip().splitlines()[-1:],
+                "error": error,
+                "failed": failed,
             }
         )
+        seen = f"{measured:7.2f} GiB   error {100 * error:+.1f}%" if error is not None else "failed"
         print(
-            f"{o.strategy.label:<40} predicted {predicted:7.2f} GiB   measured "
-            + (
-                f"{measured:7.2f} GiB   error {100 * (predicted / measured - 1):+.1f}%"
-                if measured
-                else "failed"
-            ),
-            flush=True,
+            f"{o.strategy.label:<40} predicted {predicted:7.2f} GiB   measured {seen}", flush=True
         )
     return rows
 
