@@ -110,6 +110,7 @@ def _model_and_base(args: argparse.Namespace) -> tuple[ModelShape, Config]:
         args.kv_heads or args.heads,
         args.ffn,
         args.vocab,
+        fused_head=base.model.loss_chunk > 0,  # a zerofit-built decoder of that shape
     )
     return shape, base
 

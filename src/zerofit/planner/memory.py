@@ -182,7 +182,7 @@ def logits_bytes(m: ModelShape, w: Workload) -> float:
     logits, all [tokens, V]. Fused (zerofit.models.loss): one chunk's logits (low precision, fp32
     and the low-precision gradient) plus the saved fp32 weight gradient and the input gradient."""
     e_c = BYTES[w.compute_dtype]
-    if w.loss_chunk <= 0:
+    if w.loss_chunk <= 0 or not m.fused_head:  # HF models compute full logits
         return w.tokens * m.vocab_size * (8 + e_c)
     chunk = min(w.tokens, w.loss_chunk)
     return chunk * m.vocab_size * (4 + 2 * e_c) + 4 * m.vocab_size * m.dim + w.tokens * m.dim * e_c
