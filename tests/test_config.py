@@ -166,3 +166,11 @@ def test_integers_in_scientific_notation() -> None:
     assert cfg.parallel.deepspeed.reduce_bucket_size == 50_000_000
     with pytest.raises(UserError, match="expected an integer"):
         load_config(None, ["train.steps=2.5"])
+
+
+def test_a_config_pickles() -> None:
+    """Ranks under an external torchrun receive the prepared config by pickle (broadcast)."""
+    import pickle
+
+    cfg = load_config(None, ["parallel.fsdp.cpu_offload=true", "parallel.backend=deepspeed"])
+    assert pickle.loads(pickle.dumps(cfg)) == cfg

@@ -45,7 +45,7 @@ CRASH = textwrap.dedent(
             os._exit(9)                   # ...and the process dies before meta.json and the rename
 
     TorchBackend.save = dying_save
-    cfg = resolve(load_config(sys.argv[1]), int(os.environ["WORLD_SIZE"]), "cpu")
+    cfg = resolve(load_config(sys.argv[1]), int(os.environ.get("WORLD_SIZE", "1")), "cpu")
     run_training(cfg, Path(sys.argv[2]), None)
     """
 )

@@ -160,6 +160,7 @@ ParallelConfig = dataclass(
     config=SECTION,
 )
 ParallelConfig.__doc__ = ParallelCommon.__doc__
+ParallelConfig.__module__ = __name__  # pickled (broadcast to ranks) by reference to this module
 
 
 @dataclass(config=SECTION)
