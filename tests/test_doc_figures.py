@@ -364,6 +364,31 @@ def speed_8b_first_text() -> list[str]:
     ]
 
 
+HOUSE = "2026-12-03-house-h200/"
+
+
+def house_speed() -> dict[str, list]:
+    r8, r1 = bench(HOUSE + "8b/results.json"), bench(HOUSE + "1b/results.json")
+    r13 = bench(HOUSE + "13b/results.json")
+    return {
+        "8B FSDP2": bench_row(r8["fsdp bf16-states mbs2 ga2"]),
+        "8B ZeRO-3": bench_row(r8["zero3 bf16-states mbs2 ga2"]),
+        "1B FSDP2": bench_row(r1["fsdp mbs8 ga2"]),
+        "1B ZeRO-3": bench_row(r1["zero3 mbs8 ga2"]),
+        "13B ZeRO-3, optimizer 50% on CPU": bench_row(r13["zero3 optim 50% cpu bf16-states"]),
+    }
+
+
+def house_speed_ratio() -> list[str]:
+    r8, r1 = bench(HOUSE + "8b/results.json"), bench(HOUSE + "1b/results.json")
+    f8, z8 = r8["fsdp bf16-states mbs2 ga2"], r8["zero3 bf16-states mbs2 ga2"]
+    f1, z1 = r1["fsdp mbs8 ga2"], r1["zero3 mbs8 ga2"]
+    return [
+        f"ZeRO-3 runs at {z8['tokens_per_s'] / f8['tokens_per_s']:.3f}x FSDP2 at 8B and at "
+        f"{z1['tokens_per_s'] / f1['tokens_per_s']:.3f}x at 1B"
+    ]
+
+
 def speed_1b() -> dict[str, list]:
     r = bench(PAIR)
     return {
@@ -676,7 +701,14 @@ README, BENCH = "README.md", "docs/benchmarks/"
 SPEED_DOC, CKPT_DOC = BENCH + "2026-12-02-speed-h200.md", BENCH + "2026-12-02-checkpoints-h200.md"
 FAULTS_DOC = BENCH + "2026-12-03-faults-h200.md"
 PLANNER_DATA = [PLANNER, FIRST, BEFORE1, PAIR, ALL13]
+HOUSE_DOC = BENCH + "2026-12-03-house-h200.md"
 CHECKS: dict[str, Check] = {
+    "house-speed": Check(
+        HOUSE_DOC, [HOUSE + f"{n}/results.json" for n in ("8b", "1b", "13b")], house_speed
+    ),
+    "house-speed-ratio": Check(
+        HOUSE_DOC, [HOUSE + f"{n}/results.json" for n in ("8b", "1b")], house_speed_ratio
+    ),
     "readme-planner": Check(README, PLANNER_DATA, readme_planner),
     "readme-ckpt-verify": Check(README, [COST], readme_ckpt_verify),
     "readme-export": Check(README, [COST], readme_export),

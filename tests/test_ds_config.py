@@ -18,6 +18,12 @@ SEED = Path(__file__).resolve().parents[1] / "configs" / "deepspeed"
 NOT_IN_JSON = {"config", "leaf_blocks"}  # zerofit-side options with no DeepSpeed JSON key
 
 
+@pytest.fixture(autouse=True)
+def fp16_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests translate configs; whether this CPU runs fp16 is test_deepspeed's business."""
+    monkeypatch.setattr("zerofit.backends.deepspeed.spec.fp16_supported", lambda: True)
+
+
 def prepared(overrides: list[str], world: int = 2):
     cfg = load_config(None, ["parallel.backend=deepspeed", *overrides])
     return resolve(cfg, world, "cpu")
