@@ -1,8 +1,9 @@
 """`zerofit` command line. Every config key is also a flag: `--train.steps 100`.
 
 Each subcommand lives in `zerofit.commands.<name>` and owns its arguments; this module builds the
-parser from them, turns the remaining `--section.key VALUE` flags into overrides and every
-`UserError` into one line and exit status 2.
+parser from them, turns the remaining `--section.key VALUE` flags into overrides (for the commands
+that set `takes_overrides`; the others refuse them) and every `UserError` into one line and exit
+status 2.
 """
 
 from __future__ import annotations
@@ -66,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
     try:
-        return args.run(args, split_overrides(rest))
+        overrides = split_overrides(rest)
+        if overrides and not getattr(args, "takes_overrides", False):
+            raise UserError(f"unrecognized arguments: {' '.join(rest)}")
+        return args.run(args, overrides)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -12,11 +12,13 @@ import dataclasses
 import functools
 import sys
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
 
 from zerofit.backends.catalog import SECTIONS
 from zerofit.config_errors import pick
@@ -257,18 +259,23 @@ def save_config(cfg: Config, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
-def field_help(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+def leaf_fields(cls: type = Config, prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
+    """(dotted key, pydantic FieldInfo) of every option, sections walked in schema order."""
+    for name, info in cls.__pydantic_fields__.items():  # type: ignore[attr-defined]
+        if dataclasses.is_dataclass(info.annotation):
+            yield from leaf_fields(info.annotation, f"{prefix}{name}.")  # type: ignore[arg-type]
+        else:
+            yield f"{prefix}{name}", info
+
+
+def field_help() -> list[tuple[str, str, str]]:
     """(dotted key, default, help) for every option: feeds `zerofit train --help`."""
     rows = []
-    for name, info in cls.__pydantic_fields__.items():  # type: ignore[attr-defined]
-        tp = info.annotation
-        if dataclasses.is_dataclass(tp):
-            rows += field_help(tp, f"{prefix}{name}.")  # type: ignore[arg-type]
-            continue
+    for key, info in leaf_fields():
         default = info.get_default(call_default_factory=True)
         if isinstance(default, tuple):
             default = list(default)
-        rows.append((f"{prefix}{name}", repr(default), info.description or ""))
+        rows.append((key, repr(default), info.description or ""))
     return rows
 
 
@@ -282,18 +289,16 @@ def _is_int(tp: Any) -> bool:
     )
 
 
-def int_bounds(cls: type = Config, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+def int_bounds() -> dict[str, tuple[Any, Any]]:
     """(ge, le) of every integer field, by dotted key (None where a bound is missing)."""
-    out: dict[str, tuple[Any, Any]] = {}
-    for name, info in cls.__pydantic_fields__.items():  # type: ignore[attr-defined]
-        tp = info.annotation
-        if dataclasses.is_dataclass(tp):
-            out |= int_bounds(tp, f"{prefix}{name}.")  # type: ignore[arg-type]
-        elif _is_int(tp):
-            ge = next((m.ge for m in info.metadata if hasattr(m, "ge")), None)
-            le = next((m.le for m in info.metadata if hasattr(m, "le")), None)
-            out[f"{prefix}{name}"] = (ge, le)
-    return out
+    return {
+        key: (
+            next((m.ge for m in info.metadata if hasattr(m, "ge")), None),
+            next((m.le for m in info.metadata if hasattr(m, "le")), None),
+        )
+        for key, info in leaf_fields()
+        if _is_int(info.annotation)
+    }
 
 
 _WARNED: set[tuple[str, str]] = set()

@@ -26,12 +26,24 @@ _EXPECTED = {
 }
 
 
-def suggest(word: str, choices: list[str], prefix: str = "") -> str:
-    """' (did you mean 'x'?)' for the closest choice, or the list of choices."""
+# Pydantic's bound errors: the comparison as the line writes it, and its key in the error's ctx.
+_BOUNDS = {
+    "greater_than_equal": (">=", "ge"),
+    "greater_than": (">", "gt"),
+    "less_than_equal": ("<=", "le"),
+    "less_than": ("<", "lt"),
+}
+
+
+def _closest(word: str, choices: list[str]) -> str | None:
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
-    if close:
-        return f" (did you mean '{prefix}{close[0]}'?)"
-    return f"; valid: {', '.join(choices)}"
+    return close[0] if close else None
+
+
+def suggest(key: str, names: list[str], prefix: str = "") -> str:
+    """' (did you mean 'x'?)' for the closest key name, or the list of valid keys."""
+    close = _closest(key, names)
+    return f" (did you mean '{prefix}{close}'?)" if close else f"; valid keys: {', '.join(names)}"
 
 
 def _walk(loc: tuple[Any, ...], data: Any) -> tuple[str, Any, list[str]]:
@@ -80,9 +92,10 @@ def pick(errors: list[dict[str, Any]], data: dict[str, Any]) -> str:
     """The line for the first error. A union (`str | list[str]`) fails once per member: when one
     member's error lies deeper (an item of the list), that one is meant; else say both."""
     first = errors[0]
-    path = _walk(first["loc"], data)[0]
-    same = [e for e in errors if _walk(e["loc"], data)[0] == path]
-    deeper = [e for e in errors if _walk(e["loc"], data)[0].startswith(path + "[")]
+    paths = [_walk(e["loc"], data)[0] for e in errors]
+    path = paths[0]
+    same = [e for e, p in zip(errors, paths, strict=True) if p == path]
+    deeper = [e for e, p in zip(errors, paths, strict=True) if p.startswith(path + "[")]
     if deeper:
         return error_line(deeper[0], data)
     kinds = [_EXPECTED[e["type"]] for e in same if e["type"] in _EXPECTED]
@@ -111,20 +124,14 @@ def error_line(err: dict[str, Any], data: dict[str, Any]) -> str:
     if kind == "literal_error":
         expected = str(ctx.get("expected", "")).replace(" or ", ", ")
         choices = [c.strip().strip("'") for c in expected.split(",")]
-        close = isinstance(value, str) and value not in choices
-        hint = suggest(value, choices) if close else ""
-        hint = hint if hint.startswith(" (") else ""
+        close = (
+            _closest(value, choices) if isinstance(value, str) and value not in choices else None
+        )
+        hint = f" (did you mean '{close}'?)" if close else ""
         return f"{where}: {shown(value)} is not one of {', '.join(choices)}{hint}"
-    if kind in ("greater_than_equal", "greater_than"):
-        bound = ctx.get("ge", ctx.get("gt"))
-        return (
-            f"{where} must be {'>=' if 'ge' in ctx else '>'} {bound}, got {shown(as_number(value))}"
-        )
-    if kind in ("less_than_equal", "less_than"):
-        bound = ctx.get("le", ctx.get("lt"))
-        return (
-            f"{where} must be {'<=' if 'le' in ctx else '<'} {bound}, got {shown(as_number(value))}"
-        )
+    if kind in _BOUNDS:
+        sign, name = _BOUNDS[kind]
+        return f"{where} must be {sign} {ctx[name]}, got {shown(as_number(value))}"
     if kind in ("too_short", "too_long") or (kind == "missing" and isinstance(err["loc"][-1], int)):
         loc = err["loc"][:-1] if isinstance(err["loc"][-1], int) else err["loc"]
         where, given, _ = _walk(loc, data)

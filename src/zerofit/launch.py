@@ -128,9 +128,8 @@ def prepare_run(
     from zerofit.resolve import resolve
 
     cfg = resolve(_expand_user(cfg), world_size, device_type)
-    dp = world_size
     inputs = build_inputs(cfg)
-    make_loader(cfg, inputs.data, 0, dp)  # raises if the data cannot fill one global batch
+    make_loader(cfg, inputs.data, 0, world_size)  # raises if the data cannot fill one global batch
     resume_from = None
     if opts.resume:
         run_dir, resume_from, saved, notes = _find_resume(cfg, opts.resume)

@@ -18,10 +18,6 @@ if TYPE_CHECKING:
     from zerofit.config import Config
 
 
-def backend_names() -> list[str]:
-    return list(SECTIONS)
-
-
 @functools.cache
 def engines() -> dict[str, Engine]:
     """Every engine's spec, in catalog order."""
@@ -42,4 +38,4 @@ def engine_of(cfg: Config) -> Engine:
     return engines()[cfg.parallel.backend]
 
 
-__all__ = ["backend_names", "engine_of", "engines", "get_engine"]
+__all__ = ["engine_of", "engines", "get_engine"]

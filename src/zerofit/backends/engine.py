@@ -45,9 +45,6 @@ class Engine:
         """This engine's section of a config."""
         return getattr(cfg.parallel, self.name)
 
-    def section(self, **values: Any) -> Any:
-        return self.options(**values)
-
     def prepare(self, cfg: Config, world_size: int, device_type: str) -> Config:
         """Engine-specific resolution before the config is saved (e.g. merge a ds_config.json).
         `cfg.precision` is already resolved."""

@@ -1,7 +1,8 @@
 """`zerofit <command>`: one module per subcommand, each owning its arguments.
 
 A command module defines `register(sub)`: it adds its parser (help, arguments) to the subparsers
-and sets `run(args, overrides) -> int` as the parser's default. Engines may add their own commands
+and sets `run(args, overrides) -> int` as the parser's default, with `takes_overrides=True` when
+config flags (`--train.steps 5`) apply to it. Engines may add their own commands
 (`Engine.commands`, e.g. DeepSpeed's `ds-config`).
 """
 

@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=10, help="timed steps (median taken)")
     p.add_argument("--timeout", type=float, default=None, help="seconds per variant")
     p.add_argument("--out", default=None, help="output directory (default runs/bench-<time>)")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, takes_overrides=True)
 
 
 def _variants(args: argparse.Namespace, overrides: list[str]) -> list:

@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("action", choices=["schema", "show"])
     p.add_argument("-c", "--config", help="show: a YAML config (default: the embedded defaults)")
     p.add_argument("-o", "--out", help="schema: write to this file instead of stdout")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, takes_overrides=True)
 
 
 def json_schema() -> dict[str, Any]:

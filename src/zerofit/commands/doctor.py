@@ -19,8 +19,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from zerofit.doctor import diagnose, print_report
 
-    if overrides:
-        raise UserError(f"unrecognized arguments: {' '.join(overrides)}")
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise UserError(f"no such run directory: {run_dir}")

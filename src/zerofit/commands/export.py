@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from zerofit.errors import UserError
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -28,8 +26,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from zerofit.export import export_checkpoint, find_checkpoint, parse_size
 
-    if overrides:
-        raise UserError(f"unrecognized arguments: {' '.join(overrides)}")
     run_dir = Path(args.run_dir)
     ckpt = find_checkpoint(run_dir, args.step)
     size = parse_size(args.max_shard_size)

@@ -29,8 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    if overrides:
-        raise UserError(f"unrecognized arguments: {' '.join(overrides)}")
     return cmd_plan(args)
 
 

@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="PATH",
         help="resume from PATH (a run or checkpoint dir), or from the latest complete checkpoint",
     )
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, takes_overrides=True)
 
 
 def print_summary(run_dir: Path) -> None:

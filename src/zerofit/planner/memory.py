@@ -26,7 +26,7 @@ produced unless they persist) and the end of backward (all gradients, no activat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from zerofit.backends import engine_of, get_engine
@@ -80,9 +80,6 @@ class Strategy:
         for key in self.engine.plan_keys:
             out[f"parallel.{self.backend}.{key}"] = getattr(self.options, key)
         return out
-
-    def with_options(self, **values: Any) -> Strategy:
-        return replace(self, options=replace(self.options, **values))
 
 
 def strategy_for(cfg: Config) -> Strategy:

@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--nproc", type=int, default=None, help="world size to compute train_batch_size for"
     )
     p.add_argument("--nnodes", type=int, default=1)
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, takes_overrides=True)
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
