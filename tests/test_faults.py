@@ -166,6 +166,27 @@ def test_a_killed_rank_ends_the_job_with_its_signal_and_host_memory(tmp_path: Pa
     assert not leftovers(tmp_path)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux's")
+def test_a_launcher_killed_outright_takes_its_workers_with_it(tmp_path: Path) -> None:
+    proc = start(tmp_path, "run", LONG)
+    wait_for_step(proc, tmp_path / "run", 2)
+    workers = [worker_pid(proc, 0), worker_pid(proc, 1)]
+    proc.kill()  # SIGKILL: no handler runs, nothing is forwarded
+    proc.communicate(timeout=30)
+    end = time.monotonic() + 20
+    while any(_alive(w) for w in workers) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not [w for w in workers if _alive(w)], "workers outlived their launcher"
+
+
 def test_restart_after_a_killed_rank_ends_with_the_uninterrupted_loss(tmp_path: Path) -> None:
     extra = {"train": {"steps": 10}, "checkpoint": {"every": 2}}
     reference = start(tmp_path, "reference", extra)

@@ -119,8 +119,8 @@ def worker_argv(prep: Any, error_dir: Path | None = None) -> list[str]:
     argv = ["--config", str(prep.config_file), "--run-dir", str(prep.run_dir)]
     if prep.resume_from:
         argv += ["--resume", str(prep.resume_from)]
-    if error_dir is not None:
-        argv += ["--error-dir", str(error_dir)]
+    if error_dir is not None:  # started by our launcher (this process): live and die with it
+        argv += ["--error-dir", str(error_dir), "--launcher-pid", str(os.getpid())]
     return argv
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from zerofit.errors import EXIT_IO, RunStopped, UserError
 from zerofit.faults import report
-from zerofit.faults.signals import StopSignals
+from zerofit.faults.signals import StopSignals, die_with_parent
 
 
 def run_worker(
@@ -110,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--resume", default=None)
     parser.add_argument("--error-dir", default=None, help="leave each rank's outcome here")
+    parser.add_argument("--launcher-pid", type=int, default=None, help="end when it ends")
     args = parser.parse_args(argv)
+    if args.launcher_pid is not None and not die_with_parent(args.launcher_pid):
+        return 1  # our launcher died before we started: nobody is left to train for
     if args.error_dir and Path(args.error_dir, "STOP").exists():
         return 0  # restarted after our launcher was asked to stop: nothing to do
     from zerofit.config import load_config

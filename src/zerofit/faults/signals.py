@@ -45,3 +45,19 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def die_with_parent(parent: int) -> bool:
+    """Have the kernel kill this process when `parent` (our launcher) dies; False if it already
+    has. A launcher killed outright (SIGKILL, an OOM kill, a test's timeout) cannot forward a
+    signal, and its workers would otherwise live on, holding ports, memory and build locks. This
+    is the second-signal case: the workers go at once. Linux only; elsewhere nothing changes."""
+    import ctypes
+    import os
+    import sys
+
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    return os.getppid() == parent  # checked after prctl: a parent gone before it is seen here

@@ -32,6 +32,7 @@ from zerofit.checkpoint.neutral import (
 from zerofit.checkpoint.safe_load import load_torch_file
 from zerofit.errors import UserError
 from zerofit.faults.nonfinite import StepResult
+from zerofit.faults.stale_locks import clear_and_report
 from zerofit.models import ModelSpec
 from zerofit.models.llama import strip_wrapper_names
 from zerofit.parallelize import (
@@ -68,6 +69,7 @@ class DeepSpeedBackend(Backend):
             category=FutureWarning,
         )
         os.environ.setdefault("LOCAL_RANK", str(self.ctx.local_rank))  # zero.Init reads it
+        clear_and_report(self.ctx.rank)  # DeepSpeed JIT-builds ops: a killed build's lock hangs
         # Adopts the process group zerofit already initialised (NCCL on GPUs, gloo on CPU).
         deepspeed.init_distributed(
             dist_backend="nccl" if self.ctx.device.type == "cuda" else "gloo"

@@ -1,0 +1,105 @@
+"""Clear the build locks that a killed process left in torch's extension cache.
+
+DeepSpeed JIT-compiles its ops (CPU Adam for offload, the CPU accelerator's shared-memory
+collective, fused optimizers) through `torch.utils.cpp_extension.load`, which guards each build
+directory with a `lock` file created with O_EXCL and removed when the build ends. A process killed
+mid-build (Ctrl-C twice, a preemption, an OOM kill) never removes it, and every later run then
+waits on that file forever, printing nothing.
+
+The builder keeps the lock file open for as long as it builds, so a lock that no live process has
+open is stale. This module removes such locks before DeepSpeed starts, under an `fcntl` lock of its
+own (released by the kernel even if this process dies) so that the ranks of one machine clean one
+at a time: a lock seen by the second rank was created after the first one cleaned, by a live build.
+Only Linux can see other processes' open files (/proc); elsewhere nothing is touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sys
+from pathlib import Path
+
+LOCK_NAME = "lock"  # torch.utils.cpp_extension: <build dir>/lock
+
+
+def extension_root() -> Path:
+    """Where torch builds extensions: TORCH_EXTENSIONS_DIR, else its default cache folder."""
+    env = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if env:
+        return Path(env)
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(get_default_build_root())
+
+
+def candidate_locks(root: Path) -> list[Path]:
+    """Build locks under `root`: <root>/<name>/lock and <root>/<python_accel>/<name>/lock."""
+    found = [*root.glob(f"*/{LOCK_NAME}"), *root.glob(f"*/*/{LOCK_NAME}")]
+    return sorted(p for p in found if p.is_file() and not p.is_symlink())
+
+
+def open_inodes(uid: int) -> set[tuple[int, int]] | None:
+    """(device, inode) of every file that a process of `uid` has open; None if unknowable."""
+    proc = Path("/proc")
+    if not sys.platform.startswith("linux") or not proc.is_dir():
+        return None
+    held: set[tuple[int, int]] = set()
+    for pid_dir in proc.iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            if pid_dir.stat().st_uid != uid:
+                continue
+            fds = list((pid_dir / "fd").iterdir())
+        except OSError:  # the process ended, or is not ours to read
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                st = fd.stat()
+                held.add((st.st_dev, st.st_ino))
+    return held
+
+
+def clear_stale_build_locks(root: Path | None = None) -> list[Path]:
+    """Remove the build locks under `root` that no live process holds; returns those removed."""
+    root = extension_root() if root is None else root
+    try:
+        guard = open(root / ".zerofit-lock-check", "a")  # noqa: SIM115 - held for the scan
+    except OSError:  # no cache yet, or a read-only one: nothing to remove
+        return []
+    with guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # released when the file closes, or this process dies
+        return _remove_unheld(root)
+
+
+def _remove_unheld(root: Path) -> list[Path]:
+    uid = os.getuid()
+    locks = {}
+    for path in candidate_locks(root):
+        with contextlib.suppress(OSError):  # gone since the listing: a build just ended
+            st = path.stat()
+            if st.st_uid == uid:
+                locks[path] = (st.st_dev, st.st_ino)
+    held = open_inodes(uid) if locks else set()
+    if held is None:
+        return []
+    removed = []
+    for path, inode in locks.items():
+        with contextlib.suppress(OSError):
+            now = path.stat()  # the same file as before the scan: no build replaced it since
+            if inode not in held and (now.st_dev, now.st_ino) == inode:
+                path.unlink()
+                removed.append(path)
+    return removed
+
+
+def clear_and_report(rank: int) -> None:
+    """Clear stale locks, and say so on stderr (each rank names what it removed)."""
+    for lock in clear_stale_build_locks():
+        print(
+            f"[rank {rank}] removed a stale build lock left by a killed process: {lock}",
+            file=sys.stderr,
+            flush=True,
+        )
