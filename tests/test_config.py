@@ -62,8 +62,7 @@ def test_override_beats_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"model": {"preset": None}}, "exactly one of model.preset and model.hf"),
-        ({"model": {"hf": "x"}}, "exactly one of model.preset and model.hf"),
+        ({"model": {"preset": "tiny", "hf": "x"}}, "exactly one of model.preset and model.hf"),
         ({"optim": {"betas": [0.9]}}, "optim.betas: expected 2 values"),
         ({"optim": {"lr": -1}}, "optim.lr must be a finite number > 0"),
         ({"train": {"steps": True}}, "train.steps: expected an integer"),
@@ -174,3 +173,11 @@ def test_a_config_pickles() -> None:
 
     cfg = load_config(None, ["parallel.fsdp.cpu_offload=true", "parallel.backend=deepspeed"])
     assert pickle.loads(pickle.dumps(cfg)) == cfg
+
+
+def test_model_hf_alone_selects_the_folder_and_nothing_selects_tiny(tmp_path: Path) -> None:
+    cfg = load_config(None, [f"model.hf={tmp_path}"])
+    assert (cfg.model.hf, cfg.model.preset, cfg.data.tokenizer) == (str(tmp_path), None, "byte")
+    (tmp_path / "tokenizer.json").write_text("{}")  # a tokenizer in the folder: 'auto' takes it
+    assert load_config(None, [f"model.hf={tmp_path}"]).data.tokenizer == str(tmp_path)
+    assert load_config(None, ["model.preset=null"]).model.preset == "tiny"

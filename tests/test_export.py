@@ -258,6 +258,7 @@ def test_cli_errors(fsdp_run: Path, tmp: Path) -> None:
     full.mkdir()
     (full / "x.txt").write_text("keep me")
     assert "not empty" in _fails(tmp, str(fsdp_run), "--out", str(full))
+    assert "trained no LoRA adapters" in _fails(tmp, str(fsdp_run), "--out", out, "--adapter")
     assert (full / "x.txt").read_text() == "keep me"
 
     broken = tmp / "broken"

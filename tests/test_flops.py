@@ -123,6 +123,6 @@ def test_hf_llama_flops_match_counter(tmp_path: Path, transformers: ModuleType, 
         tie_word_embeddings=tied,
     ).save_pretrained(tmp_path)  # fmt: skip
     spec = build_model(hf=str(tmp_path))
-    assert spec.shape.tied_embeddings is tied and not spec.shape.fused_head
+    assert spec.shape.tied_embeddings is tied and spec.shape.fused_head
     counted = _counted_per_token(_materialized(spec), spec.vocab_size)
     _check(spec, counted, corrected_tol=CORRECTED_TOL)

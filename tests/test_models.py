@@ -98,7 +98,7 @@ def test_shape_from_hf_and_zerofit_configs(tmp_path: Path) -> None:
     assert shape_from_config(config_from_dict({"model": preset})) == two
     hf_model = {"preset": None, "hf": str(tmp_path), "overrides": {"num_hidden_layers": 3}}
     from_cfg = shape_from_config(config_from_dict({"model": hf_model}))
-    assert from_cfg.n_layers == 3 and not from_cfg.fused_head  # the HF adapter never fuses
+    assert from_cfg.n_layers == 3 and from_cfg.fused_head  # a plain head: fused, as built
 
     for bad in ({**hf, "hidden_size": "256"}, {**hf, "vocab_size": 0}, {"hidden_size": 8}):
         with pytest.raises(UserError, match="not a decoder config"):
@@ -243,7 +243,7 @@ def test_hf_build_and_forward(tmp_path: Path, transformers: ModuleType) -> None:
     assert spec.num_params == sum(p.numel() for p in spec.module.parameters())
     n_no_embed = spec.num_params - 128 * 64
     assert spec.flops_per_token(32) == 6 * n_no_embed + 12 * 2 * 64 * 32
-    assert spec.shape.measured is not None and not spec.shape.fused_head
+    assert spec.shape.measured is not None and spec.shape.fused_head
     blocks_numel = sum(p.numel() for p in blocks.parameters())
     assert spec.shape.block_params == blocks_numel // 2
     assert spec.shape.root_params == spec.num_params - blocks_numel

@@ -8,8 +8,10 @@ import pytest
 
 from zerofit.config import load_config
 from zerofit.models import build_model
+from zerofit.models.lora import apply_lora
 
-RECIPES = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+RECIPES = sorted(CONFIGS.rglob("*.yaml"))
 
 
 def test_there_are_recipes() -> None:
@@ -17,7 +19,23 @@ def test_there_are_recipes() -> None:
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
-def test_recipe_loads(path: Path) -> None:
+def test_recipe_loads(path: Path, tmp_path: Path) -> None:
     cfg = load_config(path)
-    spec = build_model(cfg.model.preset, cfg.model.hf, cfg.model.overrides)
+    hf = None
+    if cfg.model.hf is not None:  # a fine-tuning recipe names the user's folder: build a tiny one
+        transformers = pytest.importorskip("transformers")
+        hf = str(tmp_path / "hf")
+        transformers.LlamaConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=128, max_position_embeddings=8192,
+        ).save_pretrained(hf)  # fmt: skip
+        cfg = load_config(path, [f"model.hf={hf}"])
+    spec = build_model(cfg.model.preset, hf, cfg.model.overrides)
+    spec = apply_lora(spec, cfg.model.lora)  # targets that match nothing raise
     assert cfg.model.seq_len <= spec.max_seq_len
+
+
+def test_the_fine_tuning_recipes_are_chat_full_and_lora() -> None:
+    full, lora = (load_config(CONFIGS / f"finetune-{k}.yaml") for k in ("full", "lora"))
+    assert full.data.format == lora.data.format == "chat"
+    assert (full.model.lora.rank, lora.model.lora.rank) == (0, 16)

@@ -59,6 +59,11 @@ class DistContext:
             t /= self.world_size
         return t
 
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if dist.is_initialized() and self.world_size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
     def broadcast_object(self, obj: object) -> object:
         if not dist.is_initialized() or self.world_size == 1:
             return obj

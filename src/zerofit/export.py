@@ -7,6 +7,7 @@ most ``max_shard_bytes`` (peak host memory: about one shard plus one tensor), wi
 on input is checked first (manifest, meta, every name and shape against the HF model's), and the
 folder is written as ``<out>.tmp-<pid>``, renamed at the end. The built-in Llama maps onto
 ``LlamaForCausalLM`` by name alone: its RoPE is HF's "rotate half" layout (no q/k permutation).
+A LoRA run exports merged, or as a PEFT adapter folder (``zerofit.export_lora``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import os
 import re
 import shutil
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,18 @@ from zerofit.checkpoint import (
 from zerofit.checkpoint.neutral import MODEL, NeutralView, open_reader
 from zerofit.config import Config, load_config
 from zerofit.errors import UserError
+from zerofit.export_hf import hf_parameters, llama_config, llama_to_hf, set_dtype
+from zerofit.export_lora import (
+    PEFT_PREFIX,
+    LoRAInfo,
+    Reader,
+    adapter_config,
+    adapter_tensors,
+    base_names,
+    lora_info,
+    merged_reader,
+    write_adapter,
+)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOKENIZER_FILES = (
@@ -41,33 +55,6 @@ TOKENIZER_FILES = (
     "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja",
 )  # fmt: skip
 HF_PREFIX = "hf."
-
-# zerofit Llama parameter -> Hugging Face LlamaForCausalLM parameter (no q/k permutation needed).
-LLAMA_TO_HF: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(p), r)
-    for p, r in (
-        (r"tok_embeddings\.weight", "model.embed_tokens.weight"),
-        (r"layers\.(\d+)\.attention_norm\.weight", r"model.layers.\1.input_layernorm.weight"),
-        (r"layers\.(\d+)\.attention\.wq\.weight", r"model.layers.\1.self_attn.q_proj.weight"),
-        (r"layers\.(\d+)\.attention\.wk\.weight", r"model.layers.\1.self_attn.k_proj.weight"),
-        (r"layers\.(\d+)\.attention\.wv\.weight", r"model.layers.\1.self_attn.v_proj.weight"),
-        (r"layers\.(\d+)\.attention\.wo\.weight", r"model.layers.\1.self_attn.o_proj.weight"),
-        (r"layers\.(\d+)\.ffn_norm\.weight", r"model.layers.\1.post_attention_layernorm.weight"),
-        (r"layers\.(\d+)\.feed_forward\.w1\.weight", r"model.layers.\1.mlp.gate_proj.weight"),
-        (r"layers\.(\d+)\.feed_forward\.w3\.weight", r"model.layers.\1.mlp.up_proj.weight"),
-        (r"layers\.(\d+)\.feed_forward\.w2\.weight", r"model.layers.\1.mlp.down_proj.weight"),
-        (r"norm\.weight", "model.norm.weight"),
-        (r"output\.weight", "lm_head.weight"),
-    )
-]
-
-
-def llama_to_hf(name: str) -> str | None:
-    """The Hugging Face name of a built-in Llama parameter, or None for an unknown name."""
-    for pattern, repl in LLAMA_TO_HF:
-        if pattern.fullmatch(name):
-            return pattern.sub(repl, name)
-    return None
 
 
 def parse_size(text: str) -> int:
@@ -110,39 +97,6 @@ def find_checkpoint(run_dir: Path, step: int | None) -> Path:
     return done[-1]
 
 
-def _set_dtype(config: Any, dtype: torch.dtype) -> None:
-    import transformers
-
-    v5 = int(transformers.__version__.split(".")[0]) >= 5  # 4.x calls it torch_dtype
-    setattr(config, "dtype" if v5 else "torch_dtype", dtype)
-
-
-def llama_config(args: dict[str, Any], eos_id: int | None) -> Any:
-    """The ``LlamaConfig`` of a built-in preset (its resolved ``LlamaArgs`` as a dict)."""
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=args["vocab_size"],
-        hidden_size=args["dim"],
-        intermediate_size=args["ffn_dim"],
-        num_hidden_layers=args["n_layers"],
-        num_attention_heads=args["n_heads"],
-        num_key_value_heads=args["n_kv_heads"],
-        head_dim=args["dim"] // args["n_heads"],
-        max_position_embeddings=args["max_seq_len"],
-        rms_norm_eps=args["norm_eps"],
-        rope_theta=args["rope_theta"],
-        hidden_act="silu",
-        attention_bias=False,
-        mlp_bias=False,
-        tie_word_embeddings=False,
-        bos_token_id=None,
-        eos_token_id=eos_id,
-        pad_token_id=None,
-        architectures=["LlamaForCausalLM"],
-    )
-
-
 def hf_run_config(cfg: Config, meta: dict[str, Any]) -> Any:
     """The run's Hugging Face config: its folder's, with the run's overrides applied."""
     from zerofit.checkpoint.compat import first_difference
@@ -161,28 +115,18 @@ def hf_run_config(cfg: Config, meta: dict[str, Any]) -> Any:
     return config
 
 
-def hf_parameters(config: Any) -> tuple[str, dict[str, tuple[int, ...]], set[str]]:
-    """The model class name, its parameters' shapes in natural order, and tied aliases (lm_head)."""
-    from transformers import AutoModelForCausalLM
-
-    from zerofit.models.meta import meta_params
-
-    with meta_params():
-        model = AutoModelForCausalLM.from_config(config)
-    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - set(shapes)
-    return type(model).__name__, shapes, aliases
-
-
-def plan_tensors(view: NeutralView, config: Any, builtin: bool) -> list[tuple[str, str]]:
-    """(neutral key, Hugging Face name) for every tensor, in the HF model's order; checked.
+def plan_tensors(
+    view: NeutralView, config: Any, builtin: bool, params: tuple | None = None
+) -> list[tuple[str, str]]:
+    """(neutral key, Hugging Face name) for every tensor but LoRA adapters, in the HF model's
+    order; checked. ``params``: ``hf_parameters(config)``, if already known.
 
     Sets ``config.architectures`` when the config does not name its model class.
     """
-    arch, shapes, aliases = hf_parameters(config)
+    arch, shapes, aliases = params or hf_parameters(config)
     config.architectures = getattr(config, "architectures", None) or [arch]
     mapped: dict[str, str] = {}
-    for name in view.names():
+    for name in base_names(view):
         hf = llama_to_hf(name) if builtin else name.removeprefix(HF_PREFIX)
         if hf is None or (not builtin and not name.startswith(HF_PREFIX)):
             raise UserError(f"checkpoint {view.where} has a parameter {name!r} foreign to the run")
@@ -235,9 +179,10 @@ def plan_shards(sizes: list[int], max_bytes: int) -> list[list[int]]:
 
 
 def write_shards(
-    view: NeutralView, tensors: list[tuple[str, str]], shards: list[list[int]], dtype: torch.dtype, out: Path
+    read: Reader, tensors: list[tuple[str, str]], shards: list[list[int]], dtype: torch.dtype, out: Path
 ) -> dict[str, str]:  # fmt: skip
-    """Read, cast and write one shard at a time; returns the weight map (HF name -> file)."""
+    """Read (``read(key, dtype)``: LoRA merged), cast and write one shard at a time; returns the
+    weight map (HF name -> file)."""
     from safetensors.torch import save_file
 
     weight_map = {}
@@ -247,7 +192,7 @@ def write_shards(
             fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
             batch = {}
             for key, hf in (tensors[i] for i in shard):
-                batch[hf] = view.read(key, dtype).contiguous()
+                batch[hf] = read(key, dtype).contiguous()
                 weight_map[hf] = fname
             save_file(batch, str(out / fname), metadata={"format": "pt"})
             del batch
@@ -265,6 +210,10 @@ class ExportPlan:
     sizes: list[int]  # bytes of each tensor in the export dtype
     tokenizer: dict[str, Path]  # file name in the export -> the run's file
     tokenizer_note: str
+    cfg: Config
+    builtin: bool  # the zerofit Llama (else a model.hf folder)
+    shapes: dict[str, tuple[int, ...]]  # the HF model's parameters
+    lora: LoRAInfo | None
 
 
 def plan_export(ckpt_dir: Path, run_dir: Path, dtype: str) -> ExportPlan:
@@ -285,11 +234,15 @@ def plan_export(ckpt_dir: Path, run_dir: Path, dtype: str) -> ExportPlan:
         config = llama_config(model_meta["args"], load_tokenizer(cfg.data.tokenizer).eos_id)
     else:
         config = hf_run_config(cfg, meta)
-    _set_dtype(config, DTYPES[dtype])
-    tensors = plan_tensors(view, config, builtin)
+    set_dtype(config, DTYPES[dtype])
+    params = hf_parameters(config)
+    tensors = plan_tensors(view, config, builtin, params)
     itemsize = DTYPES[dtype].itemsize
     sizes = [itemsize * math.prod(view.entries[key][0]) for key, _ in tensors]
-    return ExportPlan(meta, view, config, tensors, sizes, files, note)
+    lora = lora_info(meta, view)
+    return ExportPlan(
+        meta, view, config, tensors, sizes, files, note, cfg, builtin, params[1], lora
+    )
 
 
 def _check_out(out: Path) -> None:
@@ -297,27 +250,64 @@ def _check_out(out: Path) -> None:
         raise UserError(f"--out {out} already exists and is not empty")
 
 
-def export_checkpoint(
-    ckpt_dir: Path, run_dir: Path, out: Path, dtype: str = "bf16", max_shard_bytes: int = 5 * 2**30
-) -> dict[str, Any]:
-    """Write a Hugging Face folder for ``ckpt_dir`` (of the run in ``run_dir``) at ``out``."""
+def _write_model(plan: ExportPlan, folder: Path, dtype: str, shards: list[list[int]]) -> None:
+    """config.json, generation_config.json, the shards (LoRA merged) and tokenizer files."""
     from transformers import GenerationConfig
 
+    plan.config.save_pretrained(folder)
+    GenerationConfig.from_model_config(plan.config).save_pretrained(folder)
+    read = merged_reader(plan.view, plan.lora)
+    weight_map = write_shards(read, plan.tensors, shards, DTYPES[dtype], folder)
+    index = {"metadata": {"total_size": sum(plan.sizes)}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    for name, src in plan.tokenizer.items():
+        shutil.copy2(src, folder / name)
+
+
+def _write_adapter(
+    plan: ExportPlan, folder: Path, out: Path, dtype: str, shards: list[list[int]]
+) -> int:
+    """The PEFT adapter folder (written in ``folder``, to be renamed ``out``); a built-in
+    preset's base, unmerged, goes into its ``base`` folder. Returns the adapter's bytes."""
+    assert plan.lora is not None
+    if plan.builtin:
+        _write_model(replace(plan, lora=None), folder / "base", dtype, shards)
+        base, hf_name = str(out / "base"), llama_to_hf
+    else:
+        base = str(Path(plan.cfg.model.hf).expanduser().resolve())
+        hf_name = partial(_strip, HF_PREFIX)
+    tensors = adapter_tensors(plan.lora, plan.view, hf_name, plan.shapes)
+    hf_modules = [name.removeprefix(PEFT_PREFIX).rsplit(".", 2)[0] for _, name in tensors[::2]]
+    linear = {n.removesuffix(".weight") for n, s in plan.shapes.items() if len(s) == 2}
+    config = adapter_config(plan.lora, hf_modules, linear, plan.cfg.model.lora.dropout, base)
+    for name, src in plan.tokenizer.items():
+        shutil.copy2(src, folder / name)
+    return write_adapter(plan.view, tensors, DTYPES[dtype], config, folder)
+
+
+def _strip(prefix: str, name: str) -> str | None:
+    return name.removeprefix(prefix) if name.startswith(prefix) else None
+
+
+def export_checkpoint(
+    ckpt_dir: Path, run_dir: Path, out: Path, dtype: str = "bf16", max_shard_bytes: int = 5 * 2**30,
+    adapter: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """Write a Hugging Face folder for ``ckpt_dir`` (of the run in ``run_dir``) at ``out``: with
+    LoRA, the adapters merged, or (``adapter``) a PEFT adapter folder."""
     out = out.resolve()
     _check_out(out)
     plan = plan_export(ckpt_dir, run_dir, dtype)
+    if adapter and plan.lora is None:
+        raise UserError(f"--adapter: {run_dir} trained no LoRA adapters (model.lora.rank is 0)")
     shards = plan_shards(plan.sizes, max_shard_bytes)
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        plan.config.save_pretrained(tmp)
-        GenerationConfig.from_model_config(plan.config).save_pretrained(tmp)
-        weight_map = write_shards(plan.view, plan.tensors, shards, DTYPES[dtype], tmp)
-        index = {"metadata": {"total_size": sum(plan.sizes)}, "weight_map": weight_map}
-        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-        for name, src in plan.tokenizer.items():
-            shutil.copy2(src, tmp / name)
+        written = _write_adapter(plan, tmp, out, dtype, shards) if adapter else 0
+        if not adapter:
+            _write_model(plan, tmp, dtype, shards)
         _check_out(out)
         if out.is_dir():
             out.rmdir()
@@ -325,9 +315,13 @@ def export_checkpoint(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    lora = plan.lora
     return {
         "out": str(out), "checkpoint": str(ckpt_dir), "step": plan.meta["step"],
         "architecture": plan.config.architectures[0], "tensors": len(plan.tensors),
-        "shards": len(shards), "total_bytes": sum(plan.sizes), "dtype": dtype,
+        "shards": len(shards), "total_bytes": written or sum(plan.sizes), "dtype": dtype,
         "tokenizer_files": list(plan.tokenizer), "tokenizer": plan.tokenizer_note,
+        "lora": None if lora is None else {"rank": lora.rank, "alpha": lora.alpha,
+                                           "layers": len(lora.modules), "adapter": adapter},
+        "base": str(out / "base") if adapter and plan.builtin else None,
     }  # fmt: skip

@@ -188,11 +188,13 @@ def full_param(
     init_param_: Callable[[str, torch.Tensor, torch.Generator], None],
     weights: Callable[[str], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """One parameter's full fp32 value: from disk, or generated from its own name-derived seed."""
+    """One parameter's full fp32 value: from disk, or generated from its own name-derived seed
+    (also when ``weights`` answers None: not on disk, e.g. a LoRA adapter)."""
     bare = strip_wrapper_names(name)
     full = torch.empty(tuple(shape), dtype=torch.float32, device=device)
-    if weights is not None:
-        full.copy_(weights(bare))
+    loaded = weights(bare) if weights is not None else None
+    if loaded is not None:
+        full.copy_(loaded)
     else:
         gen = torch.Generator(device=device).manual_seed(param_seed(init_seed, bare))
         init_param_(bare, full, gen)

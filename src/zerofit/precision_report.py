@@ -23,6 +23,7 @@ CONFIG_KEY = {
     "master_weights": "master_dtype",
     "optimizer_states": "master_dtype",
     "gradient_reduction": "reduce_dtype",
+    "frozen_weights": "param_dtype",  # nothing updates them: stored as they are computed
 }
 
 
@@ -65,8 +66,20 @@ def optimizer_state_dtype(optimizer: torch.optim.Optimizer) -> torch.dtype | Non
     return None
 
 
+def stored_dtypes(model: nn.Module) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """The dtype the module stores its trainable and its frozen parameters in (None: there are
+    none). With LoRA the trainable ones are the adapters, the frozen one the base."""
+    trained = next((p.dtype for p in model.parameters() if p.requires_grad), None)
+    frozen = next((p.dtype for p in model.parameters() if not p.requires_grad), None)
+    return trained, frozen
+
+
 def report(backend: Any, compute: torch.dtype | None) -> dict[str, Any]:
-    """Effective dtypes of one engine after its first step, plus warnings against the config."""
+    """Effective dtypes of one engine after its first step, plus warnings against the config.
+
+    With frozen parameters (LoRA), also the dtype the frozen base is stored in (wanted: the
+    compute dtype) and the adapters' (their master weights: ``master_weights``; the module's
+    copy: ``adapter_weights``, the compute dtype where the engine keeps one)."""
     master = next(iter(backend.master_tensors()), None)
     found = {
         "compute": compute,
@@ -74,9 +87,14 @@ def report(backend: Any, compute: torch.dtype | None) -> dict[str, Any]:
         "optimizer_states": optimizer_state_dtype(backend.optimizer),
         "gradient_reduction": backend.reduce_dtype_in_use(),
     }
+    adapters, frozen = stored_dtypes(backend.model)
+    if frozen is not None:
+        found |= {"adapter_weights": adapters, "frozen_weights": frozen}
     effective = {k: dtype_name(v) if v is not None else "unknown" for k, v in found.items()}
     warnings = []
     for key, value in found.items():
+        if key not in CONFIG_KEY:
+            continue
         wanted = getattr(backend.precision, CONFIG_KEY[key])
         if value is not None and value != DTYPE[wanted]:
             warnings.append(

@@ -10,6 +10,7 @@ when a value comes from a typo or a fuzzer.
 from __future__ import annotations
 
 from dataclasses import field, make_dataclass
+from pathlib import Path
 from typing import Annotated as A
 from typing import Any, Literal
 
@@ -17,7 +18,7 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from zerofit.backends.catalog import SECTIONS
-from zerofit.fields import SECTION, Bool, Float, Int, Str, doc
+from zerofit.fields import SECTION, Bool, Float, Int, Positive, Str, doc
 
 Dtype = Literal["bf16", "fp16", "fp32"]
 SEED = {"ge": 0, "le": 2**32 - 1}  # what numpy accepts; torch adds rank and step offsets
@@ -27,15 +28,32 @@ BATCH = {"ge": 1, "le": 2**20}
 
 
 @dataclass(config=SECTION)
-class ModelConfig:
-    """Which network to train."""
+class LoRAConfig:
+    """Low-rank adapters: train rank-r updates of the chosen linear layers, the base frozen."""
 
-    preset: A[Str | None, doc("a built-in preset: tiny, small, llama3-1b, llama3-8b, 13b, 70b")] = (
-        "tiny"
-    )
+    rank: A[Int, doc("adapter rank (0: off, every weight trains)", ge=0, le=65536)] = 0
+    alpha: A[Positive, doc("scale: the update is (alpha / rank) * B @ A")] = 16.0
+    dropout: A[Float, doc("dropout on the adapters' input, in [0, 1)", ge=0, lt=1)] = 0.0
+    targets: A[
+        Str | list[Str],
+        doc("'all-linear' (every linear layer but the output head), or module names to adapt"),
+    ] = "all-linear"
+
+
+@dataclass(config=SECTION)
+class ModelConfig:
+    """Which network to train: a built-in preset, or a local Hugging Face folder."""
+
+    preset: A[
+        Str | None,
+        doc("a built-in preset: tiny, small, llama3-1b, llama3-8b, 13b, 70b (default: tiny)"),
+    ] = None
     hf: A[
         Str | None, doc("or a local Hugging Face model directory (config.json, *.safetensors)")
     ] = None
+    trust_remote_code: A[
+        Bool, doc("run the model folder's own Python code (model.hf; off: transformers' code)")
+    ] = False
     seq_len: A[Int, doc("tokens per training sequence", ge=1, le=2**24)] = 256
     init_seed: A[Int, doc("seed of the parameter initialisation", **SEED)] = 0
     attention: A[
@@ -53,17 +71,46 @@ class ModelConfig:
     overrides: A[dict[str, Any], doc("change preset/HF config fields, e.g. {n_layers: 2}")] = field(
         default_factory=dict
     )
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+
+    def __post_init__(self) -> None:
+        if self.preset is None and self.hf is None:
+            self.preset = "tiny"
 
 
 @dataclass(config=SECTION)
 class DataConfig:
-    """What to read and how to tokenize it."""
+    """What to read, how to tokenize it, and which tokens the loss falls on."""
 
     source: A[
-        Str | list[Str], doc("'stdlib' (this Python's own sources), or .txt/.jsonl files or dirs")
+        Str | list[Str],
+        doc("'stdlib' (this Python's own sources), or .txt/.jsonl/.json/.parquet files or dirs"),
     ] = "stdlib"
-    field: A[Str, doc("JSONL field holding the document text")] = "text"
-    tokenizer: A[Str, doc("'byte', or a path to a local tokenizer.json")] = "byte"
+    format: A[
+        Literal["text", "prompt_completion", "chat"],
+        doc("text: documents packed end to end; prompt_completion / chat: fine-tuning samples"),
+    ] = "text"
+    field: A[Str, doc("text: the field holding the document text")] = "text"
+    prompt_field: A[Str, doc("prompt_completion: the prompt's field")] = "prompt"
+    completion_field: A[Str, doc("prompt_completion: the completion's field")] = "completion"
+    messages_field: A[Str, doc("chat: the field holding [{role, content}, ...]")] = "messages"
+    train_on: A[
+        Literal["completion", "all"],
+        doc("the loss falls on completion / assistant tokens only, or on every token"),
+    ] = "completion"
+    overlong: A[
+        Literal["truncate", "drop", "error"],
+        doc("a sample longer than model.seq_len: cut it, skip it, or stop with its line number"),
+    ] = "truncate"
+    packing: A[
+        Bool, doc("put several samples in one sequence, kept apart (false: one per sequence)")
+    ] = True
+    tokenizer: A[
+        Str,
+        doc(
+            "'auto' (model.hf's folder, else byte), 'byte', a tokenizer.json, or a tokenizer folder"
+        ),
+    ] = "auto"
     val_fraction: A[Float, doc("share of packed sequences held out for eval loss")] = 0.02
     max_tokens: A[
         Int | None, doc("read at most this many tokens (null: everything)", ge=1, le=10**13)
@@ -200,3 +247,18 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # type: ignore[valid-type]
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+
+    def __post_init__(self) -> None:
+        if self.data.tokenizer == "auto":  # saved resolved: the run states which tokenizer it used
+            self.data.tokenizer = _model_tokenizer(self.model.hf) or "byte"
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def _model_tokenizer(folder: str | None) -> str | None:
+    """The model folder, if it holds a tokenizer."""
+    if folder is None:
+        return None
+    root = Path(folder).expanduser()
+    return folder if any((root / name).is_file() for name in _TOKENIZER_FILES) else None

@@ -16,10 +16,11 @@ import torch
 from zerofit import checkpoint as ckpt
 from zerofit.cadence import EvalEvery, FirstSteps, MetricsLog, RunSummary, SaveEvery, StopChecks
 from zerofit.config import Config
-from zerofit.data import eval_batches
+from zerofit.data import Batch, eval_batches
 from zerofit.dist import DistContext
 from zerofit.errors import EXIT_IO, EXIT_NONFINITE, RunStopped, UserError
 from zerofit.faults.nonfinite import StepResult
+from zerofit.models.loss import IGNORE_INDEX
 from zerofit.reports import write_precision_report
 from zerofit.run_parts import RunControl, agreed, build_parts
 from zerofit.schedule import lr_at
@@ -43,6 +44,9 @@ class Trainer:
         )
         self.step = 0
         self.last_saved = 0
+        line = self.data.report_line()  # fine-tuning data: what packing kept, cut and dropped
+        if line and ctx.is_main:
+            print(line, flush=True)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
@@ -81,11 +85,14 @@ class Trainer:
 
     def _counts(self) -> dict[str, Any]:
         """The run's totals for the summary, beside those of the loop."""
-        return {
+        counts: dict[str, Any] = {
             "num_params": self.spec.num_params,
             "nonfinite_skips": self.stops.nonfinite.skipped,
             "loss_scale_skips": self.stops.nonfinite.scale_skips,
         }
+        if self.data.stats is not None:  # samples and tokens truncated or dropped, rows, fill
+            counts["data"] = self.data.stats.as_dict()
+        return counts
 
     def _write_precision_report(self, compute: torch.dtype | None) -> None:
         write_precision_report(self.backend, self.run_dir, self.ctx, compute)
@@ -182,15 +189,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
     def train_step(self) -> tuple[torch.Tensor, StepResult]:
+        """One optimizer step over ``grad_accum_steps`` micro-batches. Text rows: each micro-batch
+        loss / accum. Masked rows: the step's loss is the mean over every valid target of the
+        global batch (see `_token_weights`)."""
         accum = self.cfg.train.grad_accum_steps
-        device = self.ctx.device
-        total = torch.zeros((), device=device)
-        for a in range(accum):
-            inputs, targets = self.loader.next_microbatch()
-            inputs = inputs.to(device, non_blocking=True)
-            targets = targets.to(device, non_blocking=True)
+        total = torch.zeros((), device=self.ctx.device)
+        batches = [self.loader.next_microbatch() for _ in range(accum)]
+        weights = self._token_weights(batches)
+        for a, batch in enumerate(batches):
             with self.backend.micro_step(is_last=a == accum - 1):
-                loss = self.backend.model(inputs, targets) / accum
+                loss = self._forward(batch)
+                loss = loss / accum if weights is None else loss * weights[a]
                 self.backend.backward(loss)
             total += loss.detach()
         o = self.cfg.optim
@@ -206,8 +215,30 @@ class Trainer:
         self.stops.check_step(self.step, result, self.next_move())
         return total, result
 
+    def _forward(self, batch: Batch) -> torch.Tensor:
+        """The model's mean loss over a micro-batch's valid targets (positions when it has them)."""
+        device = self.ctx.device
+        inputs, targets, *positions = (t.to(device, non_blocking=True) for t in batch)
+        if positions:
+            return self.backend.model(inputs, targets, positions=positions[0])
+        return self.backend.model(inputs, targets)
+
+    def _token_weights(self, batches: list[Batch]) -> list[torch.Tensor] | None:
+        """Masked rows: micro-batch ``a``'s loss weight ``n_a * D / N``, with ``n_a`` its valid
+        targets and ``N`` those of the whole global batch (one all-reduce per step). The engines
+        average gradients over the D ranks, so the update is that of the global token mean, and
+        the logged loss (summed here, averaged over ranks) is that mean. Text rows: None."""
+        if not self.loader.masked:
+            return None
+        counts = [int((b[1] != IGNORE_INDEX).sum()) for b in batches]
+        n = torch.tensor(float(sum(counts)), dtype=torch.float64, device=self.ctx.device)
+        n = self.ctx.all_reduce_sum(n).clamp(min=1.0)
+        return [(count * self.ctx.dp_size / n).float() for count in counts]
+
     @torch.no_grad()
     def evaluate(self) -> float:
+        """Mean eval loss: over the ranks' mean batch losses (text rows), or over every valid
+        target of every rank's batches (masked rows)."""
         model = self.backend.model
         model.eval()
         batches = eval_batches(
@@ -218,10 +249,17 @@ class Trainer:
             self.cfg.train.eval_batches,
         )
         total = torch.zeros((), device=self.ctx.device)
-        for inputs, targets in batches:
+        sums = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)  # loss x n, n
+        for batch in batches:
             with self.backend.micro_step(is_last=True):
-                total += model(inputs.to(self.ctx.device), targets.to(self.ctx.device))
+                loss = self._forward(batch)
+            total += loss
+            n = float((batch[1] != IGNORE_INDEX).sum())
+            sums += torch.stack([loss.double() * n, loss.new_tensor(n, dtype=torch.float64)])
         model.train()
+        if self.data.masked:
+            sums = self.ctx.all_reduce_sum(sums)
+            return (sums[0] / sums[1].clamp(min=1.0)).item()
         return self.ctx.all_reduce_mean(total / len(batches)).item()
 
     def stop_on_signal(self) -> None:

@@ -31,6 +31,18 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+def cast_frozen_(model: nn.Module, dtype: torch.dtype) -> None:
+    """Store every frozen parameter (``requires_grad`` False: a LoRA base) in ``dtype``, the
+    compute dtype: nothing updates it, so it needs no master copy. In place (ties kept)."""
+    for p in model.parameters():
+        if not p.requires_grad and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def build_adamw(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
     groups = param_groups(model, cfg.weight_decay)
     fused = cfg.fused if cfg.fused is not None else device.type == "cuda"

@@ -20,6 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-shard-size", default="5GiB", help="largest safetensors file (e.g. 5GB, 500MB)"
     )
+    p.add_argument(
+        "--adapter",
+        action="store_true",
+        help="LoRA runs: write a PEFT adapter folder (default: the adapters merged into the "
+        "weights); a built-in preset's base model goes into its base/ folder",
+    )
     p.set_defaults(run=run)
 
 
@@ -29,10 +35,20 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     run_dir = Path(args.run_dir)
     ckpt = find_checkpoint(run_dir, args.step)
     size = parse_size(args.max_shard_size)
-    s = export_checkpoint(ckpt, run_dir, Path(args.out), args.dtype, size)
-    print(
-        f"exported {s['architecture']} step {s['step']} to {s['out']}: {s['tensors']} tensors, "
-        f"{s['total_bytes'] / 1e9:.3g} GB {s['dtype']} in {s['shards']} shard(s); "
-        f"tokenizer: {s['tokenizer']}"
-    )
+    s = export_checkpoint(ckpt, run_dir, Path(args.out), args.dtype, size, args.adapter)
+    lora = s["lora"]
+    if lora and lora["adapter"]:
+        base = f"base model in {s['base']}" if s["base"] else "base model: the run's model.hf"
+        what = (
+            f"LoRA adapter (r={lora['rank']}, alpha={lora['alpha']:g}, {lora['layers']} layers, "
+            f"{s['total_bytes'] / 1e6:.3g} MB {s['dtype']}) of {s['architecture']} step "
+            f"{s['step']} to {s['out']} for peft; {base}"
+        )
+    else:
+        merged = f", LoRA r={lora['rank']} merged" if lora else ""
+        what = (
+            f"{s['architecture']} step {s['step']} to {s['out']}: {s['tensors']} tensors, "
+            f"{s['total_bytes'] / 1e9:.3g} GB {s['dtype']} in {s['shards']} shard(s){merged}"
+        )
+    print(f"exported {what}; tokenizer: {s['tokenizer']}")
     return 0

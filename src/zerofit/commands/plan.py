@@ -202,6 +202,11 @@ def _print_tables(
         f"{w.seq_len}, {hw.world_size} x {hw.gpu_mem / GIB:.0f} GiB, {w.compute_dtype} compute / "
         f"{w.master_dtype} master"
     )
+    if w.lora:
+        title += (
+            f"; LoRA r={w.lora.rank}: {w.lora.params / 1e6:.3g}M adapter params train, the base is "
+            f"frozen in {w.compute_dtype}"
+        )
     table = Table(title=title)
     for col in COLUMNS:
         table.add_column(col, justify="left" if col == "strategy" else "right")

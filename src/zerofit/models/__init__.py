@@ -27,14 +27,16 @@ __all__ = ["PRESETS", "LlamaArgs", "ModelShape", "ModelSpec", "build_model", "pr
 
 @dataclass
 class ModelSpec:
-    module: nn.Module  # params on meta, buffers real; forward(tokens[, targets]) -> logits | loss
+    # params on meta, buffers real; forward(tokens, targets=None, positions=None) -> logits | loss
+    module: nn.Module
     blocks_path: str  # dotted path of the nn.ModuleList of decoder blocks in `module`
     vocab_size: int
     max_seq_len: int
     shape: ModelShape  # parameter counts, FLOPs per token, fused head
     init_param_: Callable[[str, torch.Tensor, torch.Generator], None]
     fingerprint: dict  # JSON-able architecture description, to reject foreign checkpoints
-    weights: Callable[[str], torch.Tensor] | None  # param name -> full tensor from disk, or None
+    # param name -> full tensor from disk (None for a name to initialise), or None: nothing on disk
+    weights: Callable[[str], torch.Tensor | None] | None
     construct: Callable[
         [], nn.Module
     ]  # builds the same module with real parameters (for zero.Init)
@@ -70,10 +72,10 @@ def _build_llama(preset: str, overrides: dict | None, loss_chunk: int) -> ModelS
     )
 
 
-def _build_hf(directory: str, overrides: dict | None) -> ModelSpec:
+def _build_hf(directory: str, overrides: dict | None, loss_chunk: int, trust: bool) -> ModelSpec:
     from zerofit.models.hf import build_hf, construct_hf, load_hf_weights
 
-    module, info = build_hf(directory, overrides)
+    module, info = build_hf(directory, overrides, loss_chunk, trust)
     return ModelSpec(
         module=module,
         blocks_path=info.blocks_path,
@@ -83,7 +85,7 @@ def _build_hf(directory: str, overrides: dict | None) -> ModelSpec:
         init_param_=hf_init(module),
         fingerprint=info.fingerprint,
         weights=load_hf_weights(directory, module),
-        construct=partial(construct_hf, info.config),
+        construct=partial(construct_hf, info.config, loss_chunk, module.fused, trust),
     )
 
 
@@ -92,15 +94,18 @@ def build_model(
     hf: str | None = None,
     overrides: dict | None = None,
     loss_chunk: int = 4096,
+    trust_remote_code: bool = False,
 ) -> ModelSpec:
     """Build a model spec from exactly one of a zerofit Llama ``preset`` or an ``hf`` directory.
 
     ``overrides`` changes LlamaArgs fields (preset) or config attributes (hf), e.g. {"n_layers": 2}.
-    ``loss_chunk``: tokens per chunk of the fused head + loss of the Llama presets (0: full logits).
+    ``loss_chunk``: tokens per chunk of the fused head + loss (0: full logits; HF models whose
+    logits are transformed after the head always use full logits: ``shape.fused_head`` says which).
+    ``trust_remote_code``: let an ``hf`` folder run its own Python code.
     """
     if (preset is None) == (hf is None):
         raise UserError("give exactly one of model.preset or model.hf")
     if preset is not None:
         return _build_llama(preset, overrides, loss_chunk)
     assert hf is not None
-    return _build_hf(hf, overrides)
+    return _build_hf(hf, overrides, loss_chunk, trust_remote_code)

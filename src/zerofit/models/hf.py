@@ -1,9 +1,11 @@
 """Hugging Face causal LMs as a second model source.
 
 ``build_hf(directory)`` reads ``config.json`` (no network), builds ``AutoModelForCausalLM`` with
-parameters on the meta device (buffers real), and wraps it in ``HFCausalLM`` whose
-``forward(tokens) -> logits``. The HF model sits under the attribute ``hf``, so adapter parameter
-names are ``"hf." + <HF state-dict name>``. ``HFWeights`` reads safetensors one tensor at a time.
+parameters on the meta device (buffers real), and wraps it in ``HFCausalLM``
+(``zerofit.models.hf_head``: ``forward(tokens, targets=None, positions=None)``, the output layer
+fused with the loss where the architecture allows). The HF model sits under the attribute ``hf``,
+so adapter parameter names are ``"hf." + <HF state-dict name>``. ``HFWeights`` reads safetensors one
+tensor at a time. The folder's own Python code runs only with ``trust_remote_code``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import glob
 import json
 import math
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,10 +24,12 @@ from torch import nn
 
 from zerofit.errors import UserError
 from zerofit.limits import shown
+from zerofit.models.hf_head import HFCausalLM, head_structure_fallback
 from zerofit.models.llama import strip_wrapper_names
-from zerofit.models.loss import cross_entropy
 from zerofit.models.meta import meta_params
-from zerofit.models.shape import ModelShape, ParamCounts
+from zerofit.models.shape import ModelShape, ParamCounts, hf_head_fallback
+
+__all__ = ["HFCausalLM", "HFInfo", "HFWeights", "build_hf", "construct_hf", "load_hf_weights"]
 
 PREFIX = "hf."
 # Config keys that describe the run or the file, not the architecture.
@@ -33,19 +38,6 @@ _NOT_ARCHITECTURE = {
     "output_hidden_states", "output_attentions", "_attn_implementation", "_commit_hash",
     "attn_implementation", "id2label", "label2id", "problem_type", "tokenizer_class",
 }  # fmt: skip
-
-
-class HFCausalLM(nn.Module):
-    """Adapter: ``forward(tokens [B, T]) -> logits [B, T, V]`` (or the loss given targets) over an HF causal LM in ``self.hf``."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.hf = model
-
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits, or with ``targets`` the mean loss (on full logits: HF heads may scale or cap them)."""
-        logits = self.hf(input_ids=tokens, use_cache=False).logits
-        return logits if targets is None else cross_entropy(logits, targets)
 
 
 @dataclass
@@ -58,6 +50,7 @@ class HFInfo:
     max_seq_len: int
     shape: ModelShape  # parameter counts measured on the built model, FLOPs per token
     fingerprint: dict = field(default_factory=dict)
+    head_fallback: str | None = None  # why the head computes full logits; None: fused
 
 
 def _find_blocks(module: nn.Module, block_names: set[str]) -> str:
@@ -81,7 +74,47 @@ def _fingerprint(config: Any) -> dict:
     return {"source": "hf", "config": json.loads(json.dumps(raw, sort_keys=True, default=str))}
 
 
-def load_config(directory: str, overrides: dict | None = None) -> Any:
+def _raw_config(directory: str) -> dict:
+    """config.json as written (the planner's view of it), or {} if it is not a JSON object."""
+    try:
+        with open(os.path.join(directory, "config.json")) as f:
+            raw = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+_WARNED: set[str] = set()
+
+
+def _remote_code(directory: str, raw: dict, trust: bool) -> None:
+    """UserError when the folder needs its own code and ``trust`` is off; with ``trust`` on, one
+    warning line on stderr (once per process, from rank 0 only)."""
+    if not raw.get("auto_map"):
+        return
+    if trust:
+        if directory not in _WARNED and os.environ.get("RANK", "0") == "0":
+            _WARNED.add(directory)
+            print(
+                f"warning: model.trust_remote_code=true: the Python code in "
+                f"{shown(directory, quote=False)} will run",
+                file=sys.stderr,
+                flush=True,
+            )
+        return
+    from transformers import CONFIG_MAPPING
+
+    kind = raw.get("model_type")
+    if not isinstance(kind, str) or kind not in CONFIG_MAPPING:
+        raise UserError(
+            f"{shown(directory, quote=False)} holds its own model code (model_type "
+            f"{shown(kind)} is not in transformers): set model.trust_remote_code=true to run it"
+        )
+
+
+def load_config(
+    directory: str, overrides: dict | None = None, trust_remote_code: bool = False
+) -> Any:
     """The ``AutoConfig`` in ``directory`` with ``overrides`` applied; UserError on bad input."""
     try:
         from transformers import AutoConfig
@@ -93,8 +126,11 @@ def load_config(directory: str, overrides: dict | None = None) -> Any:
         raise UserError(
             f"no config.json in Hugging Face model directory {shown(directory, quote=False)}"
         )
+    _remote_code(directory, _raw_config(directory), trust_remote_code)
     try:
-        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        config = AutoConfig.from_pretrained(
+            directory, local_files_only=True, trust_remote_code=trust_remote_code
+        )
     except (OSError, ValueError, KeyError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(
@@ -137,27 +173,58 @@ def _check_override(key: str, value: Any, old: Any) -> None:
         raise UserError(f"{bad}: expected a {type(old).__name__}, got {shown(value)}")
 
 
-def construct_hf(config: object) -> HFCausalLM:
-    """The adapter around a freshly built HF model with real parameters (e.g. under zero.Init)."""
+# What transformers raises on a config it cannot build (e.g. a padding id outside the vocabulary).
+_BUILD_ERRORS = (
+    ValueError, KeyError, TypeError, AttributeError, OverflowError, RuntimeError, AssertionError,
+)  # fmt: skip
+
+
+def _new_model(config: Any, trust_remote_code: bool) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
-    return HFCausalLM(AutoModelForCausalLM.from_config(config))
+    return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
 
-def build_hf(directory: str, overrides: dict | None = None) -> tuple[HFCausalLM, HFInfo]:
-    """Build the HF causal LM in ``directory`` with meta parameters; returns (adapter, info)."""
-    from transformers import AutoModelForCausalLM
+def construct_hf(
+    config: Any, loss_chunk: int = 0, fused: bool = False, trust_remote_code: bool = False
+) -> HFCausalLM:
+    """The adapter around a freshly built HF model with real, uninitialised parameters, for
+    ``deepspeed.zero.Init``: zerofit fills every parameter afterwards (by name, or from disk).
 
-    config = load_config(directory, overrides)
+    HF's own weight init is skipped, as transformers does under ZeRO-3: it would index partitioned
+    (empty) parameters, e.g. to zero an embedding's padding row. The head is tied again after."""
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        model = _new_model(config, trust_remote_code)
+    model.tie_weights()
+    return HFCausalLM(model, loss_chunk, fused)
+
+
+def build_hf(
+    directory: str,
+    overrides: dict | None = None,
+    loss_chunk: int = 0,
+    trust_remote_code: bool = False,
+) -> tuple[HFCausalLM, HFInfo]:
+    """Build the HF causal LM in ``directory`` with meta parameters; returns (adapter, info).
+
+    The output layer is fused with the loss in chunks of ``loss_chunk`` tokens unless
+    ``hf_head_fallback`` (config.json, as the planner reads it) or the built model's structure
+    (``head_structure_fallback``) says otherwise."""
+    config = load_config(directory, overrides, trust_remote_code)
     try:
         with meta_params():
-            model = AutoModelForCausalLM.from_config(config)
-    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RuntimeError) as e:
+            model = _new_model(config, trust_remote_code)
+    except _BUILD_ERRORS as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(
             f"cannot build a causal LM from {directory}/config.json: {shown(first, quote=False)}"
         ) from e
-    adapter = HFCausalLM(model)
+    raw = {**_raw_config(directory), **(overrides or {})}
+    fallback = hf_head_fallback(raw, loss_chunk, trust_remote_code)
+    fallback = fallback or head_structure_fallback(model)
+    adapter = HFCausalLM(model, loss_chunk, fused=fallback is None)
     blocks = PREFIX + _find_blocks(model, set(getattr(model, "_no_split_modules", None) or ()))
     max_seq = getattr(config, "max_position_embeddings", None)
     if max_seq is None:
@@ -169,6 +236,7 @@ def build_hf(directory: str, overrides: dict | None = None) -> tuple[HFCausalLM,
         max_seq_len=int(max_seq),
         shape=measure_shape(adapter, blocks),
         fingerprint=_fingerprint(config),
+        head_fallback=fallback,
     )
     return adapter, info
 
@@ -197,7 +265,9 @@ def measure_shape(adapter: HFCausalLM, blocks_path: str) -> ModelShape:
     described["tie_word_embeddings"] = head is not None and head.weight is embed
     name = getattr(config, "_name_or_path", None) or type(model).__name__
     counts = ParamCounts(total, embed.numel(), largest, total - in_blocks)
-    return ModelShape.from_hf_config(described, name=name, measured=counts)
+    return ModelShape.from_hf_config(
+        described, name=name, measured=counts, fused_head=adapter.fused
+    )
 
 
 class HFWeights(Mapping[str, torch.Tensor]):

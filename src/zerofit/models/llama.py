@@ -4,8 +4,12 @@ Design notes:
 - The model has NO buffers. RoPE cos/sin are computed in fp32 inside ``Llama.forward`` from
   ``torch.arange`` and handed to every block as one tensor, so the model can be built with
   parameters on the meta device or cast to bf16 without losing RoPE precision.
-- Blocks are called as ``block(x, rope)`` with two tensors only, so activation checkpointing and
-  ``torch.compile`` can wrap them.
+- Blocks are called as ``block(x, rope)`` with tensors only, so activation checkpointing and
+  ``torch.compile`` can wrap them; packed samples add a third, ``block(x, rope, docs)``.
+- Packed samples (``positions`` given): a token attends only to earlier tokens of its own document
+  (document id = cumsum(positions == 0)) and RoPE rotates by the given positions. On CPU the mask
+  is a dense boolean one through SDPA; on CUDA, FlexAttention with a document block mask
+  (``zerofit.models.doc_attention``). Without positions the model is exactly the causal one.
 - Initialisation is by parameter name (``zerofit.models.init.init_llama_param_``) on one full
   tensor at a time, using only the given generator, so it gives the same weights whatever the
   sharding. Parameter counts and FLOPs are ``zerofit.models.shape.ModelShape``'s.
@@ -18,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zerofit.models.doc_attention import document_attention, document_ids
 from zerofit.models.loss import LMHead
 from zerofit.models.presets import PRESETS, LlamaArgs, param_shapes  # noqa: F401  (the model's own names)
 from zerofit.models.shape import ModelShape
@@ -64,10 +69,21 @@ def set_attention_backend(name: str) -> None:
     _EXPAND_KV = name in ("cudnn", "efficient")
 
 
-def rope_table(head_dim: int, seq_len: int, theta: float, device: torch.device) -> torch.Tensor:
-    """fp32 tensor [2, seq_len, head_dim]: cos and sin of the rotary angles ("rotate half" layout)."""
+def rope_table(
+    head_dim: int,
+    seq_len: int,
+    theta: float,
+    device: torch.device,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """fp32 tensor [2, seq_len, head_dim]: cos and sin of the rotary angles ("rotate half" layout);
+    [2, B, 1, seq_len, head_dim] for per-sequence ``positions`` [B, seq_len]."""
     exponents = torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
     inv_freq = 1.0 / (theta**exponents)
+    if positions is not None:
+        angles = positions.to(torch.float32)[:, None, :, None] * inv_freq
+        angles = torch.cat([angles, angles], dim=-1)
+        return torch.stack([angles.cos(), angles.sin()])
     pos = torch.arange(seq_len, device=device, dtype=torch.float32)
     angles = pos[:, None] * inv_freq[None, :]  # elementwise, so autocast leaves it in fp32
     angles = torch.cat([angles, angles], dim=-1)
@@ -104,13 +120,18 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor, docs: torch.Tensor | None = None
+    ) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
-        out = grouped_attention(q, k, v)
+        if docs is None:
+            out = grouped_attention(q, k, v)
+        else:
+            out = document_attention(q, k, v, docs, SDPA_HAS_GQA and not _EXPAND_KV)
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -150,8 +171,13 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.ffn_dim)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), rope)
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor, docs: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if docs is None:  # exactly the causal model
+            x = x + self.attention(self.attention_norm(x), rope)
+        else:
+            x = x + self.attention(self.attention_norm(x), rope, docs)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -178,11 +204,24 @@ class Llama(nn.Module):
         self.output = LMHead(args.dim, args.vocab_size, bias=False)
         self.output.loss_chunk = loss_chunk
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens [B, T] (int64) -> logits [B, T, vocab_size]; with targets [B, T], the mean loss
-        (computed chunk by chunk, never holding all logits: see ``zerofit.models.loss``)."""
-        rope = rope_table(self.args.head_dim, tokens.shape[1], self.args.rope_theta, tokens.device)
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """tokens [B, T] (int64) -> logits [B, T, vocab_size]; with targets [B, T] (-100: no loss),
+        the mean loss over the valid targets (computed chunk by chunk, never holding all logits:
+        see ``zerofit.models.loss``). ``positions`` [B, T] (int64) restart at 0 at each packed
+        document: attention stays within documents and RoPE uses them."""
+        args = self.args
+        rope = rope_table(args.head_dim, tokens.shape[1], args.rope_theta, tokens.device, positions)
         h = self.tok_embeddings(tokens)
-        for layer in self.layers:
-            h = layer(h, rope)
+        if positions is None:
+            for layer in self.layers:
+                h = layer(h, rope)
+        else:
+            docs = document_ids(positions)
+            for layer in self.layers:
+                h = layer(h, rope, docs)
         return self.output(self.norm(h), targets)

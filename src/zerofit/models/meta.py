@@ -60,9 +60,24 @@ def restore_buffers_(module: nn.Module, saved: dict[str, torch.Tensor]) -> None:
             buffers[name].copy_(value.to(buffers[name].device))
 
 
+def _shared_params(module: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """The (module, attribute) places of each parameter held in more than one place (a tied head)."""
+    places: dict[int, list[tuple[nn.Module, str]]] = {}
+    for sub in module.modules():
+        for name, param in sub._parameters.items():
+            if param is not None:
+                places.setdefault(id(param), []).append((sub, name))
+    return [group for group in places.values() if len(group) > 1]
+
+
 def allocate_(module: nn.Module, device: torch.device | str) -> nn.Module:
-    """``to_empty(device)`` that keeps buffer values. Parameters are left uninitialised."""
+    """``to_empty(device)`` that keeps buffer values and tied parameters tied (``to_empty``
+    replaces each module's parameters on its own). Parameters are left uninitialised."""
     saved = snapshot_buffers(module)
+    shared = _shared_params(module)
     module.to_empty(device=device)
+    for (owner, name), *others in shared:
+        for sub, attr in others:
+            sub._parameters[attr] = owner._parameters[name]
     restore_buffers_(module, saved)
     return module

@@ -34,6 +34,7 @@ __all__ = [
     "shape_from_config",
     "shape_from_hf_config",
     "shape_from_preset",
+    "hf_head_fallback",
 ]
 
 
@@ -135,12 +136,16 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(
-        cls, config: Mapping[str, Any], name: str | None = None, measured: ParamCounts | None = None
+        cls,
+        config: Mapping[str, Any],
+        name: str | None = None,
+        measured: ParamCounts | None = None,
+        fused_head: bool = False,
     ) -> ModelShape:
         """From a Hugging Face config as a dict (config.json's keys, e.g. ``config.to_dict()``).
 
-        KeyError, TypeError or ValueError when a size is missing or not a positive integer. The
-        Hugging Face adapter computes full logits, so the head is never fused.
+        KeyError, TypeError or ValueError when a size is missing or not a positive integer.
+        ``fused_head``: the adapter's decision (``hf_head_fallback`` is None).
         """
         if not isinstance(config, Mapping):
             raise TypeError(f"a config is a mapping, got {type(config).__name__}")
@@ -155,6 +160,7 @@ class ModelShape:
             ffn_dim=_size(config, "intermediate_size"),
             vocab_size=_size(config, "vocab_size"),
             tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+            fused_head=fused_head,
             measured=measured,
         )
 
@@ -180,15 +186,20 @@ def shape_from_config(cfg: Config) -> ModelShape:
     overrides), from ``cfg.model`` only."""
     m = cfg.model
     if m.hf:
-        return shape_from_hf_config(m.hf, m.overrides)
+        return shape_from_hf_config(m.hf, m.overrides, m.loss_chunk, m.trust_remote_code)
     return shape_from_preset(m.preset, m.overrides, m.loss_chunk)
 
 
 def shape_from_hf_config(
-    source: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+    source: str | Path | Mapping[str, Any],
+    overrides: Mapping[str, Any] | None = None,
+    loss_chunk: int = 4096,
+    trust_remote_code: bool = False,
 ) -> ModelShape:
     """From a Hugging Face config: a dict, a config.json, or the directory holding it; config
-    attributes in ``overrides`` replace its values. No transformers needed; UserError if unusable."""
+    attributes in ``overrides`` replace its values. The head is fused as the adapter built with
+    ``loss_chunk`` would fuse it (``hf_head_fallback``). No transformers needed; UserError if
+    unusable."""
     if isinstance(source, Mapping):
         where, config, name = "the Hugging Face config", source, None
     else:
@@ -204,7 +215,68 @@ def shape_from_hf_config(
     if not isinstance(config, Mapping):
         raise UserError(f"{where}: not a decoder config the planner understands (not an object)")
     config = {**config, **(overrides or {})}
+    fused = hf_head_fallback(config, loss_chunk, trust_remote_code) is None
     try:
-        return ModelShape.from_hf_config(config, name=config.get("_name_or_path") or name)
+        return ModelShape.from_hf_config(
+            config, name=config.get("_name_or_path") or name, fused_head=fused
+        )
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{where}: not a decoder config the planner understands ({e})") from None
+
+
+# Config keys that change the logits after the output layer, each with the value that leaves them
+# unchanged (then the head is plain and can be fused with the loss).
+_LOGIT_KEYS: dict[str, Any] = {
+    "final_logit_softcapping": None,  # Gemma 2, Gemma 3n, VaultGemma, NanoChat: cap * tanh(x / cap)
+    "logits_soft_cap": None,  # RecurrentGemma
+    "output_logit_soft_cap": None,  # xLSTM
+    "logit_scale": 1.0,  # Cohere: logits * scale
+    "logits_scaling": 1.0,  # Granite (logits / s), HyperCLOVA X (logits * s)
+    "lm_head_multiplier": 1.0,  # Falcon-H1
+}
+# Architectures (config.json's model_type) whose head is not a plain bias-free linear layer when
+# config.json does not say otherwise: the key whose class default caps or scales the logits, or
+# None where nothing in config.json turns it off (hidden states rescaled before the head, a bias).
+_NOT_PLAIN: dict[str, str | None] = {
+    **dict.fromkeys(
+        ("gemma2", "gemma3n", "gemma3n_text", "vaultgemma", "nanochat", "beam", "inkling2"),
+        "final_logit_softcapping",
+    ),
+    **dict.fromkeys(("cohere", "cohere2", "cohere2_moe", "cohere_compass"), "logit_scale"),
+    "recurrent_gemma": None,  # caps unconditionally
+    "xlstm": "output_logit_soft_cap",
+    "minicpm3": None,  # divides the hidden states before the head
+    "inkling_text": None,
+    "inkling_mm_model": None,
+    "phi": None,  # the head has a bias
+    "ctrl": None,
+}
+
+
+def hf_head_fallback(
+    config: Mapping[str, Any], loss_chunk: int, trust_remote_code: bool = False
+) -> str | None:
+    """Why a Hugging Face model (config.json's dict, overrides applied) computes full logits, or
+    None when its output layer is fused with the loss (``zerofit.models.loss``).
+
+    The one decision: the adapter (``zerofit.models.hf``) and the planner both call it. Full logits
+    where the architecture transforms them after the head (soft-capping, scaling), rescales the
+    hidden states before it, or has a head bias; where the folder's own code runs (its head is
+    unknown); and where ``loss_chunk`` is 0.
+    """
+    if loss_chunk <= 0:
+        return "model.loss_chunk is 0"
+    if trust_remote_code and config.get("auto_map"):
+        return "the folder's own code (trust_remote_code) may transform the logits"
+    text = config.get("text_config")
+    sections = [config, text] if isinstance(text, Mapping) else [config]
+    for section in sections:
+        for key, neutral in _LOGIT_KEYS.items():
+            if key in section and section[key] != neutral:
+                return f"{key}={section[key]!r} transforms the logits after the output layer"
+    kinds = {section.get("model_type") for section in sections}
+    for kind in sorted(k for k in kinds if isinstance(k, str) and k in _NOT_PLAIN):
+        key = _NOT_PLAIN[kind]
+        if key is None or not any(key in section for section in sections):
+            return f"{kind} transforms the logits around its output layer"
+    return None

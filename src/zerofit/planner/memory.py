@@ -20,6 +20,11 @@ over, e_c / e_m / e_o / e_r = bytes of the compute, master, optimizer-state and 
 - overhead (reserved, not allocated): CUDA context and the caching allocator's fragmentation;
 - host RAM: offloaded states and staging buffers, and while loading, one full fp32 tensor per rank.
 
+With LoRA (``model.lora``, ``Workload.lora``) the frozen base counts as parameters in the compute
+dtype; gradients, AdamW states and DeepSpeed's fp32 masters are the adapters' alone, the output
+head's gradient buffers go, and each adapted layer adds its rank-r activations (with dropout, a
+copy of its input and the mask).
+
 The peak is the larger of the start of backward (activations + logits alive, gradients not yet
 produced unless they persist) and the end of backward (all gradients, no activations).
 """
@@ -32,7 +37,7 @@ from typing import Any
 from zerofit.backends import engine_of, get_engine
 from zerofit.config import resolve_precision
 from zerofit.models.shape import ModelShape, shape_from_config
-from zerofit.planner.terms import BYTES, GIB, EngineMemory, Workload
+from zerofit.planner.terms import BYTES, GIB, Adapters, EngineMemory, Workload
 from zerofit.schema import Config
 
 CUDA_CONTEXT = 600 * 2**20  # measured order of the CUDA context + cuBLAS workspace on Hopper
@@ -101,8 +106,28 @@ def workload_for(cfg: Config, world_size: int, device_type: str = "cuda") -> Wor
         p.param_dtype or "bf16",
         p.master_dtype or "fp32",
         p.reduce_dtype or "fp32",
-        cfg.model.loss_chunk,
+        loss_chunk=cfg.model.loss_chunk,
+        lora=adapters_for(cfg),
     )
+
+
+def adapters_for(cfg: Config) -> Adapters | None:
+    """LoRA's adapters (``model.lora``, rank > 0), counted on the model built on the meta device
+    (its targets checked: UserError for one that matches no layer); None without LoRA."""
+    lora = cfg.model.lora
+    if lora.rank == 0:
+        return None
+    from zerofit.models import build_model
+    from zerofit.models.lora import adapter_count, apply_lora, block_adapters
+
+    m = cfg.model
+    base = build_model(
+        m.preset, m.hf, m.overrides, m.loss_chunk, trust_remote_code=m.trust_remote_code
+    )
+    spec = apply_lora(base, lora)
+    layers = block_adapters(spec)
+    inputs = sum(layer.in_features for layer in layers) if lora.dropout > 0 else 0
+    return Adapters(adapter_count(spec.module), lora.rank, len(layers), inputs)
 
 
 @dataclass
@@ -163,13 +188,16 @@ def block_activation_bytes(m: ModelShape, tokens: int, e_c: int, compiled: bool 
 def activation_bytes(m: ModelShape, w: Workload, s: Strategy) -> float:
     e_c = BYTES[w.compute_dtype]
     per_block = block_activation_bytes(m, w.tokens, e_c, s.compile)
+    if w.lora:
+        per_block += w.lora.activation_bytes(w.tokens, e_c)
     tail = w.tokens * (8 * m.dim + 4 + e_c * m.dim)  # final norm + output-layer input
     if s.activation_checkpointing == "selective":  # matmul + attention outputs, and block inputs
         kv = m.n_kv_heads * m.head_dim
         saved = e_c * (5 * m.dim + 2 * kv + 2 * m.ffn_dim) + 4 * m.n_heads
         return m.n_layers * w.tokens * saved + per_block + tail  # + one block being recomputed
     if s.activation_checkpointing == "full":
-        residual = 4 if s.engine.fp32_checkpoints else e_c
+        # (a LoRA base is stored in e_c, its embedding output too: the residual stream follows)
+        residual = 4 if s.engine.fp32_checkpoints and not w.lora else e_c
         return m.n_layers * w.tokens * m.dim * residual + per_block + tail
     return m.n_layers * per_block + tail
 
@@ -182,7 +210,8 @@ def logits_bytes(m: ModelShape, w: Workload) -> float:
     if w.loss_chunk <= 0 or not m.fused_head:  # HF models compute full logits
         return w.tokens * m.vocab_size * (8 + e_c)
     chunk = min(w.tokens, w.loss_chunk)
-    return chunk * m.vocab_size * (4 + 2 * e_c) + 4 * m.vocab_size * m.dim + w.tokens * m.dim * e_c
+    head_grad = 0 if w.lora else 4 * m.vocab_size * m.dim  # a LoRA head is frozen
+    return chunk * m.vocab_size * (4 + 2 * e_c) + head_grad + w.tokens * m.dim * e_c
 
 
 def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:

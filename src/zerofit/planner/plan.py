@@ -7,7 +7,7 @@ ZeRO-3 + CPU offload; 40 GB and up: FSDP + bf16) has to come out of the numbers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from zerofit.backends import engines
@@ -87,6 +87,7 @@ def to_json(m: ModelShape, w: Workload, hw: Hardware, options: list[Option]) -> 
             "grad_accum_steps": w.grad_accum_steps,
             "compute_dtype": w.compute_dtype,
             "master_dtype": w.master_dtype,
+            "lora": asdict(w.lora) if w.lora else None,
         },
         "hardware": {
             "gpus_per_node": hw.gpus_per_node,

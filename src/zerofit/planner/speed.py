@@ -51,10 +51,19 @@ def efficiency(s: Strategy, dim: int) -> float:
     return eng.efficiency * (eng.compile_gain if s.compile else 1.0) * width
 
 
+def flops_per_token(m: ModelShape, w: Workload) -> float:
+    """Training FLOPs per token. LoRA: the frozen base does no weight-gradient matmuls (4 FLOPs
+    per weight and token, not 6); the adapters do all 6."""
+    flops = m.flops_per_token(w.seq_len)
+    if w.lora:
+        flops += 6.0 * w.lora.params - 2.0 * m.flops_params
+    return flops
+
+
 def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
     W = w.world_size
     tokens_step = w.tokens * w.grad_accum_steps * W
-    flops = m.flops_per_token(w.seq_len) * tokens_step
+    flops = flops_per_token(m, w) * tokens_step
     # full AC runs the forward twice; selective AC only re-runs the cheap elementwise ops
     recompute = {"full": 4 / 3, "selective": 1.03}.get(s.activation_checkpointing, 1.0)
     compute = flops * recompute / (W * hw.peak_flops * efficiency(s, m.dim))
@@ -64,5 +73,5 @@ def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
     offload = s.engine.offload_seconds(m, w, s.options, hw)
     step = compute + exposed + offload
     tps = tokens_step / step
-    mfu = m.flops_per_token(w.seq_len) * tps / (W * hw.peak_flops)
+    mfu = flops_per_token(m, w) * tps / (W * hw.peak_flops)
     return Speed(step, compute, exposed, offload, tps, mfu)

@@ -14,6 +14,22 @@ GIB = 2**30
 
 
 @dataclass(frozen=True)
+class Adapters:
+    """LoRA (``model.lora``): only the adapters train; the base is frozen, stored in the compute
+    dtype, with no gradients, no optimizer states and no master copy."""
+
+    params: int  # adapter parameters in all
+    rank: int
+    per_block: int  # adapted linear layers in the largest decoder block
+    block_inputs: int = 0  # with dropout: input features of those layers (each input copied)
+
+    def activation_bytes(self, tokens: int, e_c: int) -> float:
+        """What the adapters add to one block's saved activations: A's output (B's input) per
+        adapted layer, and with dropout, the dropped input and its mask."""
+        return tokens * (self.per_block * self.rank * e_c + self.block_inputs * (e_c + 1))
+
+
+@dataclass(frozen=True)
 class Workload:
     micro_batch_size: int
     seq_len: int
@@ -25,6 +41,15 @@ class Workload:
     reduce_bucket_size: int = 500_000_000  # deepspeed defaults, elements
     allgather_bucket_size: int = 500_000_000
     loss_chunk: int = 4096  # tokens per chunk of the fused head + loss (0: full logits)
+    lora: Adapters | None = None  # LoRA: what trains instead of the whole model
+
+    def trained(self, params: int) -> int:
+        """Parameters that train, of a base of ``params``: all, or with LoRA the adapters."""
+        return self.lora.params if self.lora else params
+
+    def frozen(self, params: int) -> int:
+        """Parameters kept frozen in the compute dtype: with LoRA the whole base, else none."""
+        return params if self.lora else 0
 
     @property
     def tokens(self) -> int:

@@ -10,7 +10,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from zerofit.backends.base import materialize_from_spec
-from zerofit.backends.torch_common import TorchBackend, build_adamw
+from zerofit.backends.torch_common import TorchBackend, build_adamw, cast_frozen_, trainable
 from zerofit.models import ModelSpec
 from zerofit.parallelize import apply_ac, apply_compile, get_blocks
 
@@ -20,6 +20,7 @@ class DDPBackend(TorchBackend):
 
     def setup(self, spec: ModelSpec, init_seed: int) -> None:
         module = spec.module.to(self.master_dtype)
+        cast_frozen_(module, self.param_dtype)  # a LoRA base: stored as it is computed
         blocks = get_blocks(module, spec.blocks_path)
         apply_ac(blocks, self.parallel.activation_checkpointing, self.parallel.ac_every)
         if self.parallel.compile:
@@ -43,7 +44,7 @@ class DDPBackend(TorchBackend):
 
     def reduce_dtype_in_use(self) -> torch.dtype:
         """DDP all-reduces gradients in the parameters' dtype unless a compression hook is set."""
-        grads_dtype = next(self.model.parameters()).dtype
+        grads_dtype = trainable(self.model)[0].dtype
         if not isinstance(self.model, DistributedDataParallel):
             return grads_dtype  # one process: nothing is reduced
         hook = self.model._get_ddp_logging_data().get("comm_hook", "")

@@ -25,22 +25,23 @@ class DDP(Engine):
 
     def memory(self, m: ModelShape, w: Workload, opts: DDPOptions) -> EngineMemory:
         P = m.num_params
+        T, F = w.trained(P), w.frozen(P)  # LoRA: adapters train, the base is frozen in e_c
         mixed = w.e_c != w.e_m
         mem = EngineMemory(
-            parameters=P * w.e_m,
-            optimizer_states=2 * P * w.e_m,
-            gradients=P * w.e_m,
-            # autocast's cached low-precision copies of the weights
-            buffers=(P - m.embedding_params) * w.e_c if mixed else 0.0,
+            parameters=T * w.e_m + F * w.e_c,
+            optimizer_states=2 * T * w.e_m,
+            gradients=T * w.e_m,
+            # autocast's cached low-precision copies of the master-dtype weights
+            buffers=(T if w.lora else P - m.embedding_params) * w.e_c if mixed else 0.0,
             persistent_grads=w.grad_accum_steps > 1,
         )
         if w.world_size > 1:
-            mem.buffers += P * w.e_m  # reducer buckets (gradients are copied into them)
+            mem.buffers += T * w.e_m  # reducer buckets (gradients are copied into them)
             mem.notes.append("DDP keeps a second copy of the gradients in its all-reduce buckets")
         return mem
 
     def traffic(self, m: ModelShape, w: Workload, opts: DDPOptions) -> Traffic:
-        return Traffic(2 * m.num_params * w.e_m, w.world_size)  # one all-reduce
+        return Traffic(2 * w.trained(m.num_params) * w.e_m, w.world_size)  # one all-reduce
 
 
 ENGINE = DDP()

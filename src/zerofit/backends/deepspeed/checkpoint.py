@@ -92,6 +92,21 @@ def _virtual_slice(parts: list[torch.Tensor], start: int, length: int) -> torch.
     return out[0] if len(out) == 1 else torch.cat(out)
 
 
+@dataclass
+class _Frozen:
+    """A parameter outside the optimizer: its full shape and its flat pieces in rank order (or
+    the one full tensor), memory-mapped; assembled only when read."""
+
+    shape: tuple[int, ...]
+    pieces: list[torch.Tensor]
+
+    def full(self) -> torch.Tensor:
+        flat = torch.cat([p.reshape(-1) for p in self.pieces])[: math.prod(self.shape)]
+        if flat.numel() != math.prod(self.shape):
+            raise UnsafeCheckpointError("the pieces of a frozen parameter do not add up")
+        return flat.view(self.shape)
+
+
 class ZeroCheckpointReader(StorageReader):
     """Read-only, offline view of a DeepSpeed ZeRO-1/2/3 checkpoint directory."""
 
@@ -117,7 +132,8 @@ class ZeroCheckpointReader(StorageReader):
         if model_file is None:
             raise UnsafeCheckpointError(f"{self.dir} has no DeepSpeed model-states file")
         try:
-            groups = load_torch_file(model_file)["param_shapes"]
+            states = load_torch_file(model_file)
+            groups = states["param_shapes"]
             self.shapes = [{n: tuple(s) for n, s in g.items()} for g in groups]
         except (KeyError, TypeError, AttributeError) as e:
             raise UnsafeCheckpointError(f"{model_file} has no parameter shapes ({e!r})") from None
@@ -132,7 +148,30 @@ class ZeroCheckpointReader(StorageReader):
             for name, shape in shapes.items():
                 self.offsets[name] = pos
                 pos += math.ceil(math.prod(shape) / self.world)
+        self.frozen = self._frozen(states)
         self._loaded = True
+
+    def _frozen(self, states: dict) -> dict[str, _Frozen]:
+        """The parameters outside the optimizer (a LoRA base), by name, read lazily. ZeRO-3:
+        each rank's model-states file holds its flat piece of each; ZeRO-2: the file holds them
+        whole; ZeRO-1: they are the module state's entries that are neither optimized nor buffers."""
+        try:
+            if self.stage == 3:
+                shapes = states.get("frozen_param_shapes") or {}
+                if not shapes:
+                    return {}
+                files = [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(self.world)]
+                parts = [load_torch_file(self.dir / f)["frozen_param_fragments"] for f in files]
+                return {n: _Frozen(tuple(s), [p[n] for p in parts]) for n, s in shapes.items()}
+            found = states.get("frozen_param_fragments")
+            if not found:
+                skip = set(self.group_of) | set(states.get("buffer_names") or ())
+                found = {n: t for n, t in _unique(states["module"]).items() if n not in skip}
+            return {n: _Frozen(tuple(t.shape), [t]) for n, t in found.items()}
+        except (KeyError, TypeError, AttributeError, RuntimeError) as e:
+            raise UnsafeCheckpointError(
+                f"{self.dir}: unreadable frozen parameters ({e!r})"
+            ) from None
 
     def full(self, key: str) -> torch.Tensor:
         """The full tensor under a neutral key, assembled from every rank's file."""
@@ -141,6 +180,8 @@ class ZeroCheckpointReader(StorageReader):
             name, kind = key[len(MODEL) :], "param"
         else:
             name, _, kind = key[len(OPTIM) :].rpartition(".")
+        if kind == "param" and name in self.frozen:
+            return self.frozen[name].full()
         if name not in self.group_of:
             raise UnsafeCheckpointError(f"{self.dir} has no parameter {name!r}")
         g = self.group_of[name]
@@ -176,6 +217,8 @@ class ZeroCheckpointReader(StorageReader):
                 for m in MOMENTS:
                     md[f"{OPTIM}{name}.{m}"] = _tensor_md(shape, self.ranks[0].moments[m][g].dtype)
                 md[f"{OPTIM}{name}.step"] = _tensor_md((), torch.float32)
+        for name, frozen in self.frozen.items():  # no optimizer state: nothing trains them
+            md[MODEL + name] = _tensor_md(frozen.shape, frozen.pieces[0].dtype)
         return Metadata(state_dict_metadata=md, storage_data={})
 
     def set_up_storage_reader(
@@ -204,6 +247,18 @@ class ZeroCheckpointReader(StorageReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         return Path(checkpoint_id).is_dir()
+
+
+def _unique(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The first name of each tensor (tied parameters share one storage)."""
+    seen: set[tuple[int, int]] = set()
+    out = {}
+    for name, t in tensors.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key not in seen:
+            seen.add(key)
+            out[name] = t
+    return out
 
 
 def _tensor_md(shape: tuple[int, ...], dtype: torch.dtype) -> TensorStorageMetadata:

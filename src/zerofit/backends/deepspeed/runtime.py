@@ -186,7 +186,9 @@ class DeepSpeedBackend(Backend):
         for name, p in module.named_parameters():
             key = strip_wrapper_names(name)
             full = view.read(MODEL + key, torch.float32)
-            _set_full_param_(p, full, self.ctx.rank)
+            _set_full_param_(p, full, self.ctx.rank, masters=p.requires_grad)
+            if not p.requires_grad:  # frozen (a LoRA base): no master, no optimizer state
+                continue
             for m in MOMENTS:
                 safe_set_full_optimizer_state(p, view.read(f"{OPTIM}{key}.{m}", torch.float32), m)
             if step is None:
@@ -288,6 +290,8 @@ def _init_params_(
     bits); ``masters=True`` puts the exact fp32 init back, so every engine starts from the same
     master weights."""
     for name, p in module.named_parameters():
+        if masters and not p.requires_grad:  # frozen (a LoRA base): it has no master copy
+            continue
         shape = p.ds_shape if hasattr(p, "ds_shape") else p.shape
         device = p.ds_tensor.device if hasattr(p, "ds_tensor") else p.device
         full = full_param(

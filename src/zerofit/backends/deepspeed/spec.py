@@ -99,18 +99,21 @@ class DeepSpeed(Engine):
 
     def memory(self, m: ModelShape, w: Workload, opts: DeepSpeedOptions) -> EngineMemory:
         P, W, stage = m.num_params, w.world_size, opts.stage
+        T = w.trained(P)  # LoRA: the adapters; the frozen base is a module copy only
         part = W if stage >= 1 else 1
-        opt = 3 * P * w.e_m / part  # master copy + two moments
-        grads = P * (grad_bytes(w) if stage >= 2 else w.e_c) / (W if stage >= 2 else 1)
+        opt = 3 * T * w.e_m / part  # master copy + two moments
+        grads = T * (grad_bytes(w) if stage >= 2 else w.e_c) / (W if stage >= 2 else 1)
+        bucket = min(opts.reduce_bucket_size, T) if w.lora else opts.reduce_bucket_size
         mem = EngineMemory(
-            parameters=P * w.e_c / (W if stage == 3 else 1),
+            parameters=(P + (T if w.lora else 0)) * w.e_c / (W if stage == 3 else 1),
             persistent_grads=True,  # DeepSpeed allocates its gradient partitions up front
-            buffers=opts.reduce_bucket_size * w.e_c,
+            buffers=bucket * w.e_c,
         )
         if stage == 3:
             mem.buffers += (2 * m.block_params + m.vocab_size * m.dim) * w.e_c  # gathered in flight
-        elif stage in (1, 2) and W > 1:
-            mem.buffers += opts.allgather_bucket_size * w.e_c
+        elif stage in (1, 2) and W > 1:  # all-gather of the updated parameters
+            gather = min(opts.allgather_bucket_size, T) if w.lora else opts.allgather_bucket_size
+            mem.buffers += gather * w.e_c
         if opts.offload_optimizer == "cpu":  # offload_ratio < 1: the rest stays on the GPU
             r = opts.offload_ratio
             mem.host += r * (opt + grads)
@@ -128,14 +131,15 @@ class DeepSpeed(Engine):
 
     def traffic(self, m: ModelShape, w: Workload, opts: DeepSpeedOptions) -> Traffic:
         P, W = m.num_params, w.world_size
+        T = w.trained(P)
         if opts.stage == 3:  # parameters gathered in forward and backward, gradients scattered
-            return Traffic((2 * P * w.e_c * w.grad_accum_steps + P * w.e_r) if W > 1 else 0.0, W)
-        return Traffic(P * (w.e_r + w.e_c), W)  # reduce-scatter grads, all-gather new params
+            return Traffic((2 * P * w.e_c * w.grad_accum_steps + T * w.e_r) if W > 1 else 0.0, W)
+        return Traffic(T * (w.e_r + w.e_c), W)  # reduce-scatter grads, all-gather new params
 
     def offload_seconds(
         self, m: ModelShape, w: Workload, opts: DeepSpeedOptions, hw: Hardware
     ) -> float:
-        local, gpus, seconds = m.num_params / w.world_size, hw.gpus_per_node, 0.0
+        local, gpus, seconds = w.trained(m.num_params) / w.world_size, hw.gpus_per_node, 0.0
         if opts.offload_optimizer != "none":
             moved = local * (opts.offload_ratio if opts.offload_optimizer == "cpu" else 1.0)
             seconds += moved * gpus * 7 * w.e_m / CPU_ADAM_BW
@@ -143,8 +147,10 @@ class DeepSpeed(Engine):
             if opts.offload_optimizer == "nvme":
                 seconds += 2 * local * gpus * 3 * w.e_m / NVME_BW
         if opts.stage == 3 and opts.offload_param != "none":
-            # parameters streamed in for forward and backward, and out after the step
-            seconds += 3 * local * w.e_c * w.world_size / hw.pcie_bw
+            # parameters streamed in for forward and backward, and out after the step (LoRA:
+            # the frozen base only in)
+            every = m.num_params / w.world_size
+            seconds += (2 * every + local) * w.e_c * w.world_size / hw.pcie_bw
         return seconds
 
     def shard_share(self, opts: DeepSpeedOptions, world_size: int) -> float:

@@ -9,7 +9,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 
 from zerofit.backends.base import materialize_from_spec
-from zerofit.backends.torch_common import TorchBackend, build_adamw
+from zerofit.backends.torch_common import TorchBackend, build_adamw, cast_frozen_
 from zerofit.models import ModelSpec
 from zerofit.parallelize import apply_ac, apply_compile, apply_fsdp, get_blocks
 
@@ -20,6 +20,7 @@ class FSDPBackend(TorchBackend):
     def setup(self, spec: ModelSpec, init_seed: int) -> None:
         p, f = self.parallel, self.parallel.fsdp
         module = spec.module.to(self.master_dtype)  # on meta: a dtype change only
+        cast_frozen_(module, self.param_dtype)  # a LoRA base: stored as it is computed
         blocks = get_blocks(module, spec.blocks_path)
         apply_ac(blocks, p.activation_checkpointing, p.ac_every)
         if p.compile:
@@ -43,15 +44,20 @@ class FSDPBackend(TorchBackend):
         self.optimizer = build_adamw(module, self.optim_cfg, init_device)
 
     def reduce_dtype_in_use(self) -> torch.dtype:
-        """FSDP2 reduces in reduce_dtype, else in the dtype the gradients were computed in."""
-        group = self.model._get_fsdp_state()._fsdp_param_group  # type: ignore[operator]
-        if group is None:  # the root holds no parameters of its own: ask the first unit that does
-            group = next(
-                m._get_fsdp_state()._fsdp_param_group
-                for m in self.model.modules()
-                if isinstance(m, FSDPModule) and m._get_fsdp_state()._fsdp_param_group
-            )
-        fp = group.fsdp_params[0]
+        """FSDP2 reduces in reduce_dtype, else in the dtype the gradients were computed in (read
+        on the first parameter that has gradients: a LoRA base has none)."""
+        groups = [
+            m._get_fsdp_state()._fsdp_param_group  # type: ignore[operator]
+            for m in self.model.modules()
+            if isinstance(m, FSDPModule)
+        ]
+        fp = next(
+            p
+            for g in groups
+            if g is not None
+            for p in g.fsdp_params
+            if p.sharded_param.requires_grad
+        )
         return fp.reduce_dtype or fp.param_dtype or fp.orig_dtype
 
     @contextlib.contextmanager

@@ -50,39 +50,43 @@ class FSDP(Engine):
 
     def memory(self, m: ModelShape, w: Workload, opts: FSDPOptions) -> EngineMemory:
         P, S = m.num_params, w.world_size // opts.replicate_degree
+        T, F = w.trained(P), w.frozen(P)  # LoRA: adapters train, the base is frozen in e_c
         gathered = (2 * m.block_params + m.root_params) if opts.reshard_after_forward else P
+        head_grad = 0 if w.lora else m.vocab_size * m.dim  # a LoRA head is frozen
         mem = EngineMemory(
-            gradients=P * w.e_m / S,
+            gradients=T * w.e_m / S,
             # units gathered in flight + the root's unsharded output-head gradient
-            buffers=(gathered + m.vocab_size * m.dim) * w.e_c,
+            buffers=(gathered + head_grad) * w.e_c,
             # the root's reduce-scatter: unsharded gradients + their reduce-dtype copy
-            end_buffers=m.root_params * (w.e_c + w.e_r),
+            end_buffers=0 if w.lora else m.root_params * (w.e_c + w.e_r),
             buffers_at_end=False,
             persistent_grads=w.grad_accum_steps > 1,
         )
+        weights = (T * w.e_m + F * w.e_c) / S
         if opts.cpu_offload:
-            mem.host = 2 * P * w.e_m / S + 2 * P * w.e_m / S
+            mem.host = weights + 3 * T * w.e_m / S  # + gradients and AdamW's two moments
             mem.gradients = 0.0
             mem.notes.append("parameters, gradients and AdamW states live in host RAM")
         else:
-            mem.parameters = P * w.e_m / S
-            mem.optimizer_states = 2 * P * w.e_m / S
+            mem.parameters = weights
+            mem.optimizer_states = 2 * T * w.e_m / S
             if mem.persistent_grads:
                 # Between syncs FSDP2 accumulates *unsharded* gradients (reduce dtype) on every rank.
-                mem.held_grads = P * w.e_r
+                mem.held_grads = T * w.e_r
         return mem
 
     def traffic(self, m: ModelShape, w: Workload, opts: FSDPOptions) -> Traffic:
         P, group = m.num_params, w.world_size // opts.replicate_degree
-        volume = (2 * P * w.e_c * w.grad_accum_steps + P * w.e_r) if group > 1 else 0.0
+        T = w.trained(P)
+        volume = (2 * P * w.e_c * w.grad_accum_steps + T * w.e_r) if group > 1 else 0.0
         if opts.replicate_degree > 1:
-            volume += 2 * P * w.e_r / group  # all-reduce of the shards across replicas
+            volume += 2 * T * w.e_r / group  # all-reduce of the shards across replicas
         return Traffic(volume, group)
 
     def offload_seconds(self, m: ModelShape, w: Workload, opts: FSDPOptions, hw: Hardware) -> float:
         if not opts.cpu_offload:
             return 0.0
-        local = m.num_params / w.world_size
+        local = w.trained(m.num_params) / w.world_size
         return local * hw.gpus_per_node / TORCH_CPU_ADAM + local * 2 * w.e_m / hw.pcie_bw
 
     def shard_share(self, opts: FSDPOptions, world_size: int) -> float:

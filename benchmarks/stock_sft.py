@@ -1,0 +1,158 @@
+"""The stock stack on the same fine-tuning batches as zerofit: transformers + (PEFT) + FSDP2, eager.
+
+    torchrun --nproc-per-node 1 benchmarks/stock_sft.py -c CONFIG.yaml --out DIR [zerofit overrides]
+
+What "the usual way" means here, as a TRL / Accelerate user would run it:
+- `AutoModelForCausalLM.from_config` of the zerofit config's `model.hf` folder, attention "sdpa",
+  weights fp32 (full fine-tune: fp32 master weights and AdamW states) or bf16 (LoRA: the frozen
+  base in bf16, PEFT's adapters upcast to fp32), random init (zerofit's runs init the same shape);
+- LoRA through `peft.get_peft_model` with the config's rank, alpha, dropout and targets;
+- `fully_shard` on every decoder layer, then the root, with bf16 compute and fp32 reduction;
+  activation checkpointing per decoder layer when `parallel.activation_checkpointing` is not none;
+- the loss as transformers computes it: fp32 logits of every position, cross-entropy ignoring
+  -100, the mean over each micro-batch's valid tokens;
+- torch.optim.AdamW (fused) over the trainable parameters, the config's lr and grad clipping.
+
+The batches are zerofit's own (`zerofit.inputs.build_inputs` + `make_loader`): the same chat
+rows, masks and packed position ids (transformers keeps packed documents apart when it sees
+position ids restart), so both stacks see the same data. Tokens per second count target tokens
+that carry a loss and input tokens that are not padding ("real tokens"); results.json holds both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def parse() -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-c", "--config", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    return p.parse_known_args()
+
+
+def build_model(cfg, device: torch.device):  # noqa: ANN001, ANN201
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_cfg = AutoConfig.from_pretrained(cfg.model.hf, local_files_only=True)
+    hf_cfg.use_cache = False
+    lora = cfg.model.lora.rank > 0
+    dtype = torch.bfloat16 if lora else torch.float32
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="sdpa", dtype=dtype)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        t = cfg.model.lora.targets
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=cfg.model.lora.rank,
+                lora_alpha=cfg.model.lora.alpha,
+                lora_dropout=cfg.model.lora.dropout,
+                target_modules="all-linear" if t == "all-linear" else list(t),
+                task_type="CAUSAL_LM",
+            ),
+        )
+    return model
+
+
+def shard(model, cfg) -> None:  # noqa: ANN001
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    if cfg.parallel.activation_checkpointing != "none":
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            apply_activation_checkpointing,
+        )
+
+        apply_activation_checkpointing(model, check_fn=lambda m: m in set(layers))
+        layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    for layer in layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+
+
+def micro_loss(model, batch, device: torch.device) -> tuple[torch.Tensor, int]:  # noqa: ANN001
+    tokens, targets, positions = (t.to(device, non_blocking=True) for t in batch)
+    logits = model(input_ids=tokens, position_ids=positions, use_cache=False).logits
+    loss = F.cross_entropy(
+        logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100
+    )  # transformers' ForCausalLMLoss upcasts the same way
+    return loss, int((targets != -100).sum())
+
+
+def main() -> int:
+    args, overrides = parse()
+    from zerofit.config import load_config
+    from zerofit.inputs import build_inputs, make_loader
+
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(device)
+    cfg = load_config(args.config, overrides)
+    inputs = build_inputs(cfg)
+    loader = make_loader(cfg, inputs.data, rank, world)
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg, device)
+    shard(model, cfg)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, fused=True)
+    accum = cfg.train.grad_accum_steps
+    times, losses, real = [], [], []
+    for step in range(args.warmup + args.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        n_real = 0
+        for _ in range(accum):
+            batch = loader.next_microbatch()
+            loss, valid = micro_loss(model, batch, device)
+            (loss / accum).backward()
+            n_real += valid
+        torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+            losses.append(float(loss))
+            real.append(n_real)
+    step_s = statistics.median(times)
+    tokens = cfg.train.micro_batch_size * accum * cfg.model.seq_len * world
+    out = {
+        "stack": "transformers+peft+fsdp2" if cfg.model.lora.rank else "transformers+fsdp2",
+        "torch": torch.__version__,
+        "world_size": world,
+        "step_s_median": step_s,
+        "step_s": times,
+        "tokens_per_step": tokens,
+        "loss_tokens_per_step_median": statistics.median(real) * world,
+        "tokens_per_s": tokens / step_s,
+        "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "losses": losses,
+        "trainable_params": sum(p.numel() for p in params),
+    }
+    if rank == 0:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "results.json").write_text(json.dumps(out, indent=1))
+        print(json.dumps({k: v for k, v in out.items() if k not in ("step_s", "losses")}))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Training data: tokenizers, sources, fine-tuning samples, packing, and the resumable loader.
+
+- ``tokenizers``: bytes, a ``tokenizer.json``, or a tokenizer folder (AutoTokenizer).
+- ``sources``: "stdlib", .txt/.jsonl/.json/.parquet files and directories.
+- ``samples``: prompt/completion and chat records rendered to ids and loss masks.
+- ``packing``: text rows, sample rows kept apart (first-fit), the train/val split.
+- ``build``: a data config to a ``DataBundle``; ``loader``: ``PackedLoader`` and eval batches.
+"""
+
+from zerofit.data.build import DataBundle, SampleOptions, build_data
+from zerofit.data.loader import Batch, PackedLoader, eval_batches, to_batch
+from zerofit.data.packing import (
+    IGNORE_INDEX,
+    PackStats,
+    first_fit,
+    fit_samples,
+    pack,
+    pack_samples,
+    split_train_val,
+    tokenize_stream,
+)
+from zerofit.data.samples import ChatRenderer, Sample, prompt_completion_sample, render_samples
+from zerofit.data.sources import iter_documents, iter_records, iter_sample_records, stdlib_files
+from zerofit.data.tokenizers import (
+    EOS_CANDIDATES,
+    AnyTokenizer,
+    ByteTokenizer,
+    FolderTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    load_tokenizer,
+)
+
+__all__ = [
+    "EOS_CANDIDATES",
+    "IGNORE_INDEX",
+    "AnyTokenizer",
+    "Batch",
+    "ByteTokenizer",
+    "ChatRenderer",
+    "DataBundle",
+    "FolderTokenizer",
+    "HFTokenizer",
+    "PackStats",
+    "PackedLoader",
+    "Sample",
+    "SampleOptions",
+    "Tokenizer",
+    "build_data",
+    "eval_batches",
+    "first_fit",
+    "fit_samples",
+    "iter_documents",
+    "iter_records",
+    "iter_sample_records",
+    "load_tokenizer",
+    "pack",
+    "pack_samples",
+    "prompt_completion_sample",
+    "render_samples",
+    "split_train_val",
+    "stdlib_files",
+    "to_batch",
+    "tokenize_stream",
+]

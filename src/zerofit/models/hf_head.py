@@ -1,0 +1,69 @@
+"""The adapter around a Hugging Face causal LM: ``forward(tokens, targets=None, positions=None)``.
+
+With a fused head, the adapter runs the HF decoder (``base_model``) to the last hidden states and
+then the model's own output layer, whose class is swapped in place to ``LMHead`` (an ``nn.Linear``
+that also takes the targets): the output layer and the loss then go chunk by chunk through
+``zerofit.models.loss.linear_cross_entropy``, never holding all the logits. The head stays the same
+module with the same parameter (a tied embedding stays tied), so FSDP2 and DeepSpeed ZeRO-3 see
+it, and their module hooks fire, as before. Where the architecture transforms the logits
+(``zerofit.models.shape.hf_head_fallback``) or the model has no plain head, the HF model runs whole
+and the loss is taken on its full logits.
+
+``positions`` [B, T] (restarting at 0 at each packed document) go to HF as ``position_ids``. With
+no attention mask and no cache, transformers' ``masking_utils`` splits a row into documents where
+the positions do not step by one and masks block-diagonally (sdpa, eager, flex; flash attention
+takes the same cue): each token sees only the earlier tokens of its own document.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zerofit.models.loss import LMHead, cross_entropy
+
+
+def head_structure_fallback(model: nn.Module) -> str | None:
+    """Why ``model`` (an HF causal LM) cannot run as decoder + plain head, or None if it can."""
+    head = model.get_output_embeddings()
+    if type(head) is not nn.Linear:
+        return f"its output layer is a {type(head).__name__}, not a plain Linear"
+    if head.bias is not None:
+        return "its output layer has a bias"
+    base = getattr(model, "base_model", model)
+    if base is model:
+        return "no base model (decoder) to run before the output layer"
+    return None
+
+
+class HFCausalLM(nn.Module):
+    """Adapter over an HF causal LM in ``self.hf``: logits, or the mean loss given targets.
+
+    ``fused``: run the decoder, then the output layer + loss in chunks of ``loss_chunk`` tokens
+    (the head must pass ``head_structure_fallback``). Otherwise the whole HF model gives logits.
+    """
+
+    def __init__(self, model: nn.Module, loss_chunk: int = 0, fused: bool = False) -> None:
+        super().__init__()
+        self.hf = model
+        self.fused = fused
+        if fused:
+            head = model.get_output_embeddings()
+            head.__class__ = LMHead  # same module, parameters and hooks; forward(h, targets)
+            head.loss_chunk = loss_chunk
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """tokens [B, T] -> logits [B, T, V]; with targets [B, T] (-100: no loss), the mean loss.
+
+        positions [B, T] or None (plain causal attention over the whole row)."""
+        if not self.fused:
+            logits = self.hf(input_ids=tokens, position_ids=positions, use_cache=False).logits
+            return logits if targets is None else cross_entropy(logits, targets)
+        out = self.hf.base_model(input_ids=tokens, position_ids=positions, use_cache=False)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        return self.hf.get_output_embeddings()(hidden, targets)

@@ -1,0 +1,250 @@
+"""LoRA: train low-rank updates of chosen linear layers, the rest of the model frozen.
+
+``apply_lora(spec, cfg)`` turns a ``ModelSpec`` into its LoRA form. Each adapted ``nn.Linear``
+becomes a ``LoRALinear`` that holds the base layer's own ``weight`` (and ``bias``) parameters,
+so their names do not change (base weights load from disk, checkpoints and export keep working),
+and gains two factors: ``<layer>.lora_A.weight`` [r, in] and ``<layer>.lora_B.weight`` [out, r]
+(PEFT's names). ``forward(x) = base(x) + (alpha / r) * B(A(dropout(x)))``.
+
+A starts as PEFT's default (kaiming-uniform with a = sqrt(5): U(-1/sqrt(in), 1/sqrt(in))) and B at
+zero, so a fresh model computes what its base does. Both come from the spec's name-seeded
+initialiser, so every engine and sharding starts from the same numbers; on a model whose weights
+come from disk, ``weights`` answers None for an adapter ("not on disk: initialise it").
+Every parameter but the factors has ``requires_grad`` False. ``'all-linear'`` adapts every
+``nn.Linear`` but the output head; a list names modules exactly or by a dotted suffix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zerofit.errors import UserError
+from zerofit.models import ModelSpec
+from zerofit.models.loss import LMHead
+from zerofit.models.shape import ModelShape, ParamCounts
+
+FACTORS = ("lora_A", "lora_B")
+ALL_LINEAR = "all-linear"
+
+
+class LoRAFactor(nn.Module):
+    """One factor, ``x @ weight.T``: a module of its own so that engines that gather parameters
+    module by module (ZeRO-3) gather it when it runs. Not an ``nn.Linear``: never a target."""
+
+    def __init__(self, in_features: int, out_features: int, device: torch.device | None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class LoRALinear(nn.Module):
+    """``base(x) + scale * lora_B(lora_A(dropout(x)))``, keeping the base's parameter names."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float) -> None:
+        super().__init__()
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight = base.weight
+        self.register_parameter("bias", base.bias)
+        device = base.weight.device if base.weight.device.type == "meta" else None
+        self.lora_A = LoRAFactor(base.in_features, rank, device)
+        self.lora_B = LoRAFactor(rank, base.out_features, device)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.scale = alpha / rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight, self.bias)
+        return out + self.lora_B(self.lora_A(self.dropout(x))) * self.scale
+
+    def extra_repr(self) -> str:
+        rank = self.lora_A.weight.shape[0]
+        return f"in={self.in_features}, out={self.out_features}, r={rank}, scale={self.scale:g}"
+
+
+def is_adapter(name: str) -> bool:
+    """Whether a parameter name is a LoRA factor's (``...lora_A.weight``, ``...lora_B.weight``)."""
+    parts = name.split(".")
+    return len(parts) >= 2 and parts[-2] in FACTORS and parts[-1] == "weight"
+
+
+def _heads(root: nn.Module) -> set[nn.Module]:
+    """The output heads: zerofit's ``LMHead`` and any Hugging Face ``get_output_embeddings()``."""
+    heads = {m for m in root.modules() if isinstance(m, LMHead)}
+    for m in root.modules():
+        get = getattr(m, "get_output_embeddings", None)
+        if callable(get) and isinstance(m, nn.Module) and hasattr(m, "config"):
+            head = get()
+            if head is not None:
+                heads.add(head)
+    return heads
+
+
+def linear_layers(root: nn.Module) -> dict[str, nn.Linear]:
+    """Every ``nn.Linear`` LoRA may adapt (not the output head), by module name."""
+    heads = _heads(root)
+    return {n: m for n, m in root.named_modules() if isinstance(m, nn.Linear) and m not in heads}
+
+
+def _no_match(target: str, names: list[str], head_names: list[str]) -> UserError:
+    leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
+    close = difflib.get_close_matches(target.rsplit(".", 1)[-1], leaves, n=1, cutoff=0.5)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    if any(h == target or h.endswith("." + target) for h in head_names):
+        hint = " (that is the output head, which LoRA leaves alone)"
+    return UserError(
+        f"model.lora.targets: {target!r} matches no linear layer{hint}; "
+        f"valid module-name suffixes: {', '.join(leaves)}"
+    )
+
+
+def select_targets(root: nn.Module, targets: str | list[str]) -> list[str]:
+    """Names of the linear layers ``targets`` selects, in module order; UserError for a target
+    that selects nothing."""
+    layers = linear_layers(root)
+    names = list(layers)
+    if targets == ALL_LINEAR:
+        if not names:
+            raise UserError("model.lora: the model has no linear layer to adapt")
+        return names
+    wanted = [targets] if isinstance(targets, str) else list(targets)
+    if not wanted:
+        raise UserError("model.lora.targets is empty: give 'all-linear' or module names")
+    heads = [n for n, m in root.named_modules() if isinstance(m, nn.Linear) and n not in layers]
+    chosen: set[str] = set()
+    for target in wanted:
+        found = [n for n in names if n == target or n.endswith("." + target)]
+        if not found:
+            raise _no_match(target, names, heads)
+        chosen.update(found)
+    return [n for n in names if n in chosen]
+
+
+def _output_requires_grad(_module: nn.Module, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    return output.requires_grad_() if torch.is_grad_enabled() else output
+
+
+def _input_embedding(root: nn.Module) -> nn.Module | None:
+    for m in root.modules():
+        get = getattr(m, "get_input_embeddings", None)
+        if callable(get) and hasattr(m, "config"):
+            return get()
+    return next((m for m in root.modules() if isinstance(m, nn.Embedding)), None)
+
+
+def inject(root: nn.Module, names: list[str], rank: int, alpha: float, dropout: float) -> nn.Module:
+    """Replace the named linear layers by ``LoRALinear``s, in place; freeze all but the factors.
+
+    The frozen input embedding's output is marked as requiring grad (as PEFT's
+    ``enable_input_require_grads``), so the first block's input does too: DeepSpeed ZeRO-3 with
+    leaf blocks otherwise runs that block's backward on released (empty) parameters."""
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = root.get_submodule(parent_name) if parent_name else root
+        setattr(parent, child, LoRALinear(getattr(parent, child), rank, alpha, dropout))
+    for pname, p in root.named_parameters():
+        p.requires_grad_(is_adapter(pname))
+    embedding = _input_embedding(root)
+    if embedding is not None:
+        embedding.register_forward_hook(_output_requires_grad)
+    return root
+
+
+@torch.no_grad()
+def init_adapter_(name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
+    """A: U(-1/sqrt(in), 1/sqrt(in)) (kaiming-uniform, a = sqrt(5)), drawn in fp32; B: zeros."""
+    if name.split(".")[-2] == "lora_B":
+        tensor.zero_()
+        return
+    bound = 1.0 / math.sqrt(tensor.shape[1])
+    tmp = torch.empty(tensor.shape, dtype=torch.float32, device=tensor.device)
+    tmp.uniform_(-bound, bound, generator=generator)
+    tensor.copy_(tmp)
+
+
+def _init_with_adapters(base: Callable) -> Callable:
+    def init_(name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
+        (init_adapter_ if is_adapter(name) else base)(name, tensor, generator)
+
+    return init_
+
+
+def _weights_with_adapters(base: Callable | None) -> Callable | None:
+    if base is None:
+        return None
+
+    def weights(name: str) -> torch.Tensor | None:
+        return None if is_adapter(name) else base(name)
+
+    return weights
+
+
+def _construct_with_adapters(base: Callable, names: list[str], lora: Any) -> Callable:
+    def construct() -> nn.Module:
+        return inject(base(), names, lora.rank, lora.alpha, lora.dropout)
+
+    return construct
+
+
+@dataclass(frozen=True)
+class LoRAShape(ModelShape):
+    """A LoRA model's shape: its parameter counts include the adapters, and its FLOPs per token
+    drop the weight-gradient matmuls of the frozen base (2 of its 6 FLOPs per weight and token);
+    the adapters keep all 6."""
+
+    frozen_flops_params: int = 0  # the base's ``flops_params``
+
+    def flops_per_token(self, seq_len: int) -> float:
+        return super().flops_per_token(seq_len) - 2.0 * self.frozen_flops_params
+
+
+def lora_shape(spec: ModelSpec) -> LoRAShape:
+    """The shape of ``spec`` (its module already adapted) from the base's: counts measured."""
+    module, base = spec.module, spec.shape
+    blocks = module.get_submodule(spec.blocks_path)
+    total = sum(p.numel() for p in module.parameters())
+    in_blocks = sum(p.numel() for p in blocks.parameters())
+    largest = max(sum(p.numel() for p in b.parameters()) for b in blocks)
+    counts = ParamCounts(total, base.embedding_params, largest, total - in_blocks)
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(ModelShape)}
+    return LoRAShape(**{**fields, "measured": counts}, frozen_flops_params=base.flops_params)
+
+
+def apply_lora(spec: ModelSpec, lora: Any) -> ModelSpec:
+    """The LoRA form of ``spec`` for ``model.lora`` (``rank`` 0: ``spec`` itself)."""
+    if lora.rank == 0:
+        return spec
+    names = select_targets(spec.module, lora.targets)
+    inject(spec.module, names, lora.rank, lora.alpha, lora.dropout)
+    fingerprint = {
+        **spec.fingerprint,
+        "lora": {"rank": lora.rank, "alpha": float(lora.alpha), "modules": names},
+    }
+    out = replace(
+        spec,
+        init_param_=_init_with_adapters(spec.init_param_),
+        weights=_weights_with_adapters(spec.weights),
+        construct=_construct_with_adapters(spec.construct, names, lora),
+        fingerprint=fingerprint,
+    )
+    return replace(out, shape=lora_shape(out))
+
+
+def adapter_count(module: nn.Module) -> int:
+    """Parameters of the LoRA factors in ``module``."""
+    return sum(p.numel() for n, p in module.named_parameters() if is_adapter(n))
+
+
+def block_adapters(spec: ModelSpec) -> list[LoRALinear]:
+    """The adapted layers of the decoder block that has the most."""
+    blocks = spec.module.get_submodule(spec.blocks_path)
+    return max(([m for m in b.modules() if isinstance(m, LoRALinear)] for b in blocks), key=len)
