@@ -212,6 +212,12 @@ def test_folder_code_runs_only_when_trusted(
     assert not spec.shape.fused_head  # its own code: the head is not known to be plain
     model = spec.construct()
     assert type(model.hf).__name__ == "ZfTestForCausalLM"
+    # Export reads the run's flag too: the folder's classes name the exported tensors.
+    from zerofit.export_hf import hf_parameters
+    from zerofit.models.hf import load_config as load_hf_config
+
+    arch, shapes, _ = hf_parameters(load_hf_config(str(folder), None, True), True)
+    assert arch == "ZfTestForCausalLM" and "lm_head.weight" in shapes
     model.hf.load_state_dict(transformers.LlamaForCausalLM(model.hf.config).state_dict())
     tokens, targets = _batch(SIZES["vocab_size"])
     assert torch.isfinite(model(tokens, targets))

@@ -104,7 +104,7 @@ def hf_run_config(cfg: Config, meta: dict[str, Any]) -> Any:
 
     if not cfg.model.hf:
         raise UserError("the checkpoint holds a Hugging Face model but config.yaml has no model.hf")
-    config = load_config(cfg.model.hf, cfg.model.overrides)
+    config = load_config(cfg.model.hf, cfg.model.overrides, cfg.model.trust_remote_code)
     saved, now = meta.get("model", {}).get("config") or {}, _fingerprint(config)["config"]
     common = saved.keys() & now.keys()  # another transformers version may add or drop keys
     where = first_difference({k: saved[k] for k in common}, {k: now[k] for k in common})
@@ -235,7 +235,7 @@ def plan_export(ckpt_dir: Path, run_dir: Path, dtype: str) -> ExportPlan:
     else:
         config = hf_run_config(cfg, meta)
     set_dtype(config, DTYPES[dtype])
-    params = hf_parameters(config)
+    params = hf_parameters(config, cfg.model.trust_remote_code and not builtin)
     tensors = plan_tensors(view, config, builtin, params)
     itemsize = DTYPES[dtype].itemsize
     sizes = [itemsize * math.prod(view.entries[key][0]) for key, _ in tensors]

@@ -69,14 +69,17 @@ def llama_config(args: dict[str, Any], eos_id: int | None) -> Any:
     )
 
 
-def hf_parameters(config: Any) -> tuple[str, dict[str, tuple[int, ...]], set[str]]:
-    """The model class name, its parameters' shapes in natural order, and tied aliases (lm_head)."""
+def hf_parameters(
+    config: Any, trust_remote_code: bool = False
+) -> tuple[str, dict[str, tuple[int, ...]], set[str]]:
+    """The model class name, its parameters' shapes in natural order, and tied aliases (lm_head);
+    ``trust_remote_code``: the run's model.trust_remote_code (the folder's own classes)."""
     from transformers import AutoModelForCausalLM
 
     from zerofit.models.meta import meta_params
 
     with meta_params():
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - set(shapes)
     return type(model).__name__, shapes, aliases

@@ -207,7 +207,7 @@ def logits_bytes(m: ModelShape, w: Workload) -> float:
     logits, all [tokens, V]. Fused (zerofit.models.loss): one chunk's logits (low precision, fp32
     and the low-precision gradient) plus the saved fp32 weight gradient and the input gradient."""
     e_c = BYTES[w.compute_dtype]
-    if w.loss_chunk <= 0 or not m.fused_head:  # HF models compute full logits
+    if w.loss_chunk <= 0 or not m.fused_head:  # no fused head: models.shape.hf_head_fallback
         return w.tokens * m.vocab_size * (8 + e_c)
     chunk = min(w.tokens, w.loss_chunk)
     head_grad = 0 if w.lora else 4 * m.vocab_size * m.dim  # a LoRA head is frozen
