@@ -174,10 +174,7 @@ class TransformerBlock(nn.Module):
     def forward(
         self, x: torch.Tensor, rope: torch.Tensor, docs: torch.Tensor | None = None
     ) -> torch.Tensor:
-        if docs is None:  # exactly the causal model
-            x = x + self.attention(self.attention_norm(x), rope)
-        else:
-            x = x + self.attention(self.attention_norm(x), rope, docs)
+        x = x + self.attention(self.attention_norm(x), rope, docs)  # docs None: plain causal
         return x + self.feed_forward(self.ffn_norm(x))
 
 
