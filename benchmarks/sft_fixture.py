@@ -1,10 +1,11 @@
 """Build what a fine-tuning benchmark needs, offline: a tokenizer with a chat template, chat data
 and a Hugging Face model folder of a given shape.
 
-    python benchmarks/sft_fixture.py OUT --shape 1b|8b [--samples 4000] [--seed 0]
+    python benchmarks/sft_fixture.py OUT [--shapes 1b,8b] [--samples 4000] [--seed 0]
 
-writes OUT/model (config.json + the tokenizer; no weights: both stacks initialise the same shape
-at random, which does not change their speed), OUT/chat.jsonl and OUT/fixture.json (what was made).
+writes OUT/model-<shape> for each shape (config.json + the tokenizer; no weights: both stacks
+initialise the same shape at random, which does not change their speed), OUT/chat.jsonl and
+OUT/fixture.json (what was made).
 
 The tokenizer is a byte-level BPE (32,000 entries) trained on this Python's standard library, with
 Llama-3-style header and end-of-turn tokens and a chat template written here. Conversations have 1-3
@@ -97,30 +98,35 @@ def conversation(rng: random.Random, text: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
-    p.add_argument("--shape", choices=sorted(SHAPES), default="1b")
+    p.add_argument("--shapes", default="1b,8b", help="comma-separated: " + ", ".join(SHAPES))
     p.add_argument("--samples", type=int, default=4000)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     from transformers import LlamaConfig
 
     out = Path(a.out)
-    (out / "model").mkdir(parents=True, exist_ok=True)
+    shapes = a.shapes.split(",")
+    if unknown := set(shapes) - set(SHAPES):
+        p.error(f"unknown shapes {sorted(unknown)}; choose from {sorted(SHAPES)}")
     text = corpus()
-    tok = tokenizer(text, out / "model")
-    LlamaConfig(
-        vocab_size=128_256,  # the model's table is Llama-3's size; the tokenizer uses 32,000 of it
-        max_position_embeddings=8192,
-        rope_theta=500_000.0,
-        rms_norm_eps=1e-5,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        **SHAPES[a.shape],
-    ).save_pretrained(out / "model")
+    tok = tokenizer(text, out / "tokenizer")
+    for shape in shapes:
+        folder = out / f"model-{shape}"
+        tok.save_pretrained(folder)
+        LlamaConfig(
+            vocab_size=128_256,  # Llama-3's table size; the tokenizer uses 32,000 of it
+            max_position_embeddings=8192,
+            rope_theta=500_000.0,
+            rms_norm_eps=1e-5,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            **SHAPES[shape],
+        ).save_pretrained(folder)
     rng = random.Random(a.seed)
     with open(out / "chat.jsonl", "w") as f:
         for _ in range(a.samples):
             f.write(json.dumps(conversation(rng, text)) + "\n")
-    facts = {"shape": a.shape, "samples": a.samples, "seed": a.seed, "tokenizer_vocab": len(tok)}
+    facts = {"shapes": shapes, "samples": a.samples, "seed": a.seed, "tokenizer_vocab": len(tok)}
     (out / "fixture.json").write_text(json.dumps(facts, indent=1))
     print(json.dumps(facts), file=sys.stderr)
     return 0

@@ -16,7 +16,8 @@ What "the usual way" means here, as a TRL / Accelerate user would run it:
 The batches are zerofit's own (`zerofit.inputs.build_inputs` + `make_loader`): the same chat
 rows, masks and packed position ids (transformers keeps packed documents apart when it sees
 position ids restart), so both stacks see the same data. Tokens per second count target tokens
-that carry a loss and input tokens that are not padding ("real tokens"); results.json holds both.
+that are not padding ("real tokens", `zerofit.data.real_tokens`, as zerofit's own summary counts
+them) beside all places; MFU uses zerofit's FLOPs per token and peak (989 TFLOP/s on an H200).
 """
 
 from __future__ import annotations
@@ -40,10 +41,13 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--out", required=True)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument(
+        "--attn", default="sdpa", help="transformers attn_implementation (sdpa, flex_attention)"
+    )
     return p.parse_known_args()
 
 
-def build_model(cfg, device: torch.device):  # noqa: ANN001, ANN201
+def build_model(cfg, device: torch.device, attn: str):  # noqa: ANN001, ANN201
     from transformers import AutoConfig, AutoModelForCausalLM
 
     hf_cfg = AutoConfig.from_pretrained(cfg.model.hf, local_files_only=True)
@@ -51,7 +55,7 @@ def build_model(cfg, device: torch.device):  # noqa: ANN001, ANN201
     lora = cfg.model.lora.rank > 0
     dtype = torch.bfloat16 if lora else torch.float32
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="sdpa", dtype=dtype)
+        model = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attn, dtype=dtype)
     if lora:
         from peft import LoraConfig, get_peft_model
 
@@ -86,19 +90,20 @@ def shard(model, cfg) -> None:  # noqa: ANN001
     fully_shard(model, mp_policy=mp)
 
 
-def micro_loss(model, batch, device: torch.device) -> tuple[torch.Tensor, int]:  # noqa: ANN001
+def micro_loss(model, batch, device: torch.device) -> torch.Tensor:  # noqa: ANN001
     tokens, targets, positions = (t.to(device, non_blocking=True) for t in batch)
     logits = model(input_ids=tokens, position_ids=positions, use_cache=False).logits
-    loss = F.cross_entropy(
+    return F.cross_entropy(
         logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100
     )  # transformers' ForCausalLMLoss upcasts the same way
-    return loss, int((targets != -100).sum())
 
 
 def main() -> int:
     args, overrides = parse()
     from zerofit.config import load_config
+    from zerofit.data import real_tokens
     from zerofit.inputs import build_inputs, make_loader
+    from zerofit.metrics import peak_flops
 
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -108,10 +113,12 @@ def main() -> int:
     inputs = build_inputs(cfg)
     loader = make_loader(cfg, inputs.data, rank, world)
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg, device)
+    model = build_model(cfg, device, args.attn)
     shard(model, cfg)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, fused=True)
+    opt = torch.optim.AdamW(
+        params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, fused=True
+    )
     accum = cfg.train.grad_accum_steps
     times, losses, real = [], [], []
     for step in range(args.warmup + args.steps):
@@ -120,9 +127,9 @@ def main() -> int:
         n_real = 0
         for _ in range(accum):
             batch = loader.next_microbatch()
-            loss, valid = micro_loss(model, batch, device)
+            loss = micro_loss(model, batch, device)
             (loss / accum).backward()
-            n_real += valid
+            n_real += real_tokens(batch)
         torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -133,15 +140,23 @@ def main() -> int:
             real.append(n_real)
     step_s = statistics.median(times)
     tokens = cfg.train.micro_batch_size * accum * cfg.model.seq_len * world
+    real_tps = statistics.median(n * world / t for n, t in zip(real, times, strict=True))
+    fpt = inputs.spec.flops_per_token(cfg.model.seq_len)  # zerofit's one FLOPs function
+    peak = peak_flops(device)
     out = {
         "stack": "transformers+peft+fsdp2" if cfg.model.lora.rank else "transformers+fsdp2",
         "torch": torch.__version__,
+        "attn_implementation": args.attn,
         "world_size": world,
         "step_s_median": step_s,
         "step_s": times,
         "tokens_per_step": tokens,
-        "loss_tokens_per_step_median": statistics.median(real) * world,
+        "real_tokens_per_step": [n * world for n in real],
         "tokens_per_s": tokens / step_s,
+        "real_tokens_per_s": real_tps,
+        "flops_per_token": fpt,
+        "mfu": fpt * tokens / step_s / world / peak if peak else None,
+        "mfu_real": fpt * real_tps / world / peak if peak else None,
         "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
         "losses": losses,
         "trainable_params": sum(p.numel() for p in params),

@@ -39,6 +39,7 @@ class Result:
     status: str  # ok | oom | failed | timeout
     error: str = ""
     tokens_per_s: float | None = None
+    real_tokens_per_s: float | None = None  # padded fine-tuning rows: non-padding tokens only
     tokens_per_s_per_gpu: float | None = None
     tflops_per_gpu: float | None = None
     mfu: float | None = None
@@ -120,16 +121,21 @@ def measure(summary: dict[str, Any], warmup: int) -> dict[str, Any]:
         raise ValueError("no measured steps")
     median = statistics.median(times)
     tps = summary["tokens_per_step"] / median
-    mem = {k: summary[k] for k in ("mem_alloc_gib", "mem_reserved_gib") if k in summary}
+    extra = {k: summary[k] for k in ("mem_alloc_gib", "mem_reserved_gib") if k in summary}
     if "mem_rss_gib" in summary:  # CPU: peak host RSS of rank 0
-        mem = {"mem_alloc_gib": summary["mem_rss_gib"]}
+        extra = {"mem_alloc_gib": summary["mem_rss_gib"]}
+    real = summary.get("step_real_tokens", [])[warmup:]
+    if len(real) == len(times):  # padded fine-tuning rows: non-padding tokens over each step
+        extra["real_tokens_per_s"] = statistics.median(
+            n / t for n, t in zip(real, times, strict=True)
+        )
     return {
         "mfu": None,  # unless the GPU's peak is known
         **rates(tps, summary["flops_per_token"], summary["world_size"], summary.get("peak_flops")),
         "step_time_s": median,
         "final_loss": summary.get("final_step_loss", summary.get("loss")),
         "measured_steps": len(times),
-        **mem,
+        **extra,
     }
 
 

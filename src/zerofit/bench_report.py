@@ -14,6 +14,7 @@ from zerofit.bench import Result, best, best_lines
 
 COLUMNS: list[tuple[str, str, str]] = [  # (Result attribute, header, format)
     ("tokens_per_s", "tokens/s", "{:,.0f}"),
+    ("real_tokens_per_s", "real tokens/s", "{:,.0f}"),
     ("tokens_per_s_per_gpu", "tokens/s/GPU", "{:,.0f}"),
     ("tflops_per_gpu", "TFLOP/s/GPU", "{:.1f}"),
     ("mfu", "MFU", "{:.1%}"),

@@ -59,13 +59,19 @@ class MetricsLog:
         self.window = 0
 
     def after_step(
-        self, step: int, loss: torch.Tensor, result: StepResult, lr: float
+        self,
+        step: int,
+        loss: torch.Tensor,
+        result: StepResult,
+        lr: float,
+        real_tokens: torch.Tensor | None = None,
     ) -> dict[str, Any] | None:
-        """Count the step in the window; return the window's record when one is due."""
+        """Count the step in the window; return the window's record when one is due.
+        ``real_tokens``: the global batch's non-padding tokens (fine-tuning rows only)."""
         if result.applied:  # a skipped step's non-finite loss stays out of the mean
             self.loss_sum += loss
             self.window += 1
-        self.meter.tick()
+        self.meter.tick(real_tokens)
         if step % self.every == 0 or step == self.last_step or result.nonfinite:
             return self._record(step, loss, result, lr)
         return None
@@ -190,9 +196,12 @@ class RunSummary:
         self.t_start = time.perf_counter()
         self.timer = StepTimer(ctx.device)
         self.timer.mark()
+        self.real_tokens: list[torch.Tensor] = []  # per step, fine-tuning rows only
 
-    def mark_step(self) -> None:
+    def mark_step(self, real_tokens: torch.Tensor | None = None) -> None:
         self.timer.mark()
+        if real_tokens is not None:
+            self.real_tokens.append(real_tokens)
 
     def update(self, record: dict[str, Any]) -> None:
         self.data.update(record)
@@ -215,6 +224,8 @@ class RunSummary:
         summary.update(counts)
         # Per-step times (log/eval/save steps included), for `zerofit bench`.
         summary["step_times_s"] = self.timer.durations()
+        if self.real_tokens:  # and each step's non-padding tokens, for real tokens/s
+            summary["step_real_tokens"] = [int(n) for n in torch.stack(self.real_tokens).tolist()]
         summary.update(log.rates)
         log.close()
         if ctx.is_main:

@@ -76,15 +76,21 @@ class Throughput:
     def reset(self) -> None:
         self.t0 = time.perf_counter()
         self.steps = 0
+        self.real: torch.Tensor | None = None
 
-    def tick(self) -> None:
+    def tick(self, real_tokens: torch.Tensor | None = None) -> None:
+        """One step; ``real_tokens`` its non-padding tokens where batches are padded."""
         self.steps += 1
+        if real_tokens is not None:
+            self.real = real_tokens if self.real is None else self.real + real_tokens
 
     def read(self) -> dict[str, float]:
         dt = max(time.perf_counter() - self.t0, 1e-9)
         tps = self.tokens_per_step * self.steps / dt
         out = rates(tps, self.flops_per_token, self.world_size, self.peak)
         out["step_time_s"] = dt / max(self.steps, 1)
+        if self.real is not None:
+            out["real_tokens_per_s"] = float(self.real) / dt
         return out
 
 

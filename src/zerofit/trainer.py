@@ -16,7 +16,7 @@ import torch
 from zerofit import checkpoint as ckpt
 from zerofit.cadence import EvalEvery, FirstSteps, MetricsLog, RunSummary, SaveEvery, StopChecks
 from zerofit.config import Config
-from zerofit.data import Batch, eval_batches
+from zerofit.data import Batch, eval_batches, real_tokens
 from zerofit.dist import DistContext
 from zerofit.errors import EXIT_IO, EXIT_NONFINITE, RunStopped, UserError
 from zerofit.faults.nonfinite import StepResult
@@ -44,6 +44,7 @@ class Trainer:
         )
         self.step = 0
         self.last_saved = 0
+        self.real_tokens: torch.Tensor | None = None  # the last step's, on fine-tuning rows
         line = self.data.report_line()  # fine-tuning data: what packing kept, cut and dropped
         if line and ctx.is_main:
             print(line, flush=True)
@@ -63,9 +64,9 @@ class Trainer:
                 self.stop_on_signal()
             while self.step < cfg.train.steps:
                 loss, result = self.train_step()
-                summary.mark_step()
+                summary.mark_step(self.real_tokens)
                 first.after_step(self.step)
-                record = log.after_step(self.step, loss, result, self.lr)
+                record = log.after_step(self.step, loss, result, self.lr, self.real_tokens)
                 if evals.due(self.step):
                     record = record or {"step": self.step}
                     record["eval_loss"] = self.evaluate()
@@ -229,10 +230,14 @@ class Trainer:
         average gradients over the D ranks, so the update is that of the global token mean, and
         the logged loss (summed here, averaged over ranks) is that mean. Text rows: None."""
         if not self.loader.masked:
+            self.real_tokens = None
             return None
         counts = [int((b[1] != IGNORE_INDEX).sum()) for b in batches]
-        n = torch.tensor(float(sum(counts)), dtype=torch.float64, device=self.ctx.device)
-        n = self.ctx.all_reduce_sum(n).clamp(min=1.0)
+        real = sum(real_tokens(b) for b in batches)
+        both = torch.tensor([sum(counts), real], dtype=torch.float64, device=self.ctx.device)
+        both = self.ctx.all_reduce_sum(both)
+        self.real_tokens = both[1]  # of the global batch, for real tokens/s (no sync here)
+        n = both[0].clamp(min=1.0)
         return [(count * self.ctx.dp_size / n).float() for count in counts]
 
     @torch.no_grad()

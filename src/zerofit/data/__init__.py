@@ -8,7 +8,7 @@
 """
 
 from zerofit.data.build import DataBundle, SampleOptions, build_data
-from zerofit.data.loader import Batch, PackedLoader, eval_batches, to_batch
+from zerofit.data.loader import Batch, PackedLoader, eval_batches, real_tokens, to_batch
 from zerofit.data.packing import (
     IGNORE_INDEX,
     PackStats,
@@ -43,6 +43,7 @@ __all__ = [
     "HFTokenizer",
     "PackStats",
     "PackedLoader",
+    "real_tokens",
     "Sample",
     "SampleOptions",
     "Tokenizer",

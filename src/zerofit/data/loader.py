@@ -26,6 +26,23 @@ def to_batch(rows: np.ndarray | torch.Tensor) -> Batch:
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
 
+def real_tokens(batch: Batch, ignore_index: int = -100) -> int:
+    """Input places of a batch that hold sample tokens, not padding. Text rows have no padding.
+    Fine-tuning rows end in padding: from the first document start (position 0) after which no
+    target carries a loss (every kept sample has a loss target, so that is where padding begins)."""
+    if len(batch) < 3:
+        return batch[0].numel()
+    targets, positions = batch[1], batch[2]
+    has_loss = targets != ignore_index
+    # loss_after[i]: a target at i or later carries a loss (a reversed running "any")
+    loss_after = has_loss.flip(-1).to(torch.int32).cummax(-1).values.flip(-1).bool()
+    pad_start = (positions == 0) & ~loss_after
+    seq = targets.shape[-1]
+    index = torch.arange(seq).expand_as(targets)
+    first_pad = torch.where(pad_start, index, torch.full_like(index, seq)).min(-1).values
+    return int(first_pad.sum())
+
+
 class PackedLoader:
     """Endless, sharded, seeded micro-batch stream over packed train sequences."""
 

@@ -24,6 +24,9 @@ from torch import nn
 
 from zerofit.errors import UserError
 from zerofit.limits import shown
+from zerofit.models.hf_attention import NAME as VARLEN
+from zerofit.models.hf_attention import register as register_varlen
+from zerofit.models.hf_attention import varlen_refusal
 from zerofit.models.hf_head import HFCausalLM, head_structure_fallback
 from zerofit.models.llama import strip_wrapper_names
 from zerofit.models.meta import meta_params
@@ -180,9 +183,15 @@ _BUILD_ERRORS = (
 
 
 def _new_model(config: Any, trust_remote_code: bool) -> nn.Module:
+    """The model, with packed documents kept apart by ``zerofit_varlen`` where it applies
+    (``zerofit.models.hf_attention``); else with transformers' default attention."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if not trust_remote_code and varlen_refusal(config) is None:
+        register_varlen()
+        kwargs["attn_implementation"] = VARLEN
+    return AutoModelForCausalLM.from_config(config, **kwargs)
 
 
 def construct_hf(

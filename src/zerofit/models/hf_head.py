@@ -12,7 +12,9 @@ and the loss is taken on its full logits.
 ``positions`` [B, T] (restarting at 0 at each packed document) go to HF as ``position_ids``. With
 no attention mask and no cache, transformers' ``masking_utils`` splits a row into documents where
 the positions do not step by one and masks block-diagonally (sdpa, eager, flex; flash attention
-takes the same cue): each token sees only the earlier tokens of its own document.
+takes the same cue): each token sees only the earlier tokens of its own document. Where the
+model runs ``zerofit_varlen`` (``zerofit.models.hf_attention``), the adapter computes the
+documents' bounds on CUDA once per forward and every layer runs FlashAttention varlen on them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from zerofit.models.hf_attention import CU_KEY, MAX_KEY, doc_bounds, runs_varlen
+from zerofit.models.hf_attention import NAME as VARLEN
 from zerofit.models.loss import LMHead, cross_entropy
 
 
@@ -47,6 +51,7 @@ class HFCausalLM(nn.Module):
         super().__init__()
         self.hf = model
         self.fused = fused
+        self.varlen = getattr(model.config, "_attn_implementation", None) == VARLEN
         if fused:
             head = model.get_output_embeddings()
             head.__class__ = LMHead  # same module, parameters and hooks; forward(h, targets)
@@ -61,9 +66,18 @@ class HFCausalLM(nn.Module):
         """tokens [B, T] -> logits [B, T, V]; with targets [B, T] (-100: no loss), the mean loss.
 
         positions [B, T] or None (plain causal attention over the whole row)."""
+        extra = self._doc_kwargs(tokens, positions)
         if not self.fused:
-            logits = self.hf(input_ids=tokens, position_ids=positions, use_cache=False).logits
+            logits = self.hf(input_ids=tokens, position_ids=positions, use_cache=False, **extra)
+            logits = logits.logits
             return logits if targets is None else cross_entropy(logits, targets)
-        out = self.hf.base_model(input_ids=tokens, position_ids=positions, use_cache=False)
+        out = self.hf.base_model(input_ids=tokens, position_ids=positions, use_cache=False, **extra)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         return self.hf.get_output_embeddings()(hidden, targets)
+
+    def _doc_kwargs(self, tokens: torch.Tensor, positions: torch.Tensor | None) -> dict:
+        """With ``zerofit_varlen`` on CUDA: the documents' bounds, computed once for every layer."""
+        if not (self.varlen and runs_varlen(tokens.device)):
+            return {}
+        cu, longest = doc_bounds(positions, tokens.shape[0], tokens.shape[1], tokens.device)
+        return {CU_KEY: cu, MAX_KEY: longest}

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Issue 13's fine-tuning figures on one H200: zerofit beside transformers (+ PEFT) + FSDP2 run the
+# usual way (benchmarks/stock_sft.py), on the same chat rows, masks and packing, in one device call:
+#   bash benchmarks/sft_h200.sh PHASE FIXTURE OUT
+#   PHASE: probe (1B, short) | 1b | 8b | lora | all (1b, lora, 8b, in that order, under DEADLINE s)
+# FIXTURE is what `python benchmarks/sft_fixture.py FIXTURE` made (model-1b, model-8b, chat.jsonl).
+# Each zerofit variant runs under `zerofit bench` (own processes, median step time after warm-up);
+# each stock run under torchrun. Needs zerofit, peft and pydantic importable (docs/benchmarks/).
+set -uo pipefail
+phase=${1:?phase: probe | 1b | 8b | lora | all}
+fix=${2:?fixture folder}
+root=${3:-sft-out}
+deadline=${DEADLINE:-570}
+warmup=${WARMUP:-3}
+steps=${STEPS:-10}
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+common="checkpoint.every=0 checkpoint.export_final=false checkpoint.save_final=false"
+common="$common train.eval_every=0 data.val_fraction=0 data.source=$fix/chat.jsonl"
+common="$common parallel.backend=fsdp model.seq_len=2048 log.every=1000"
+
+left() { echo $((deadline - SECONDS)); }
+as_flags() { for kv in "$@"; do printf -- "--%s %s " "${kv%%=*}" "${kv#*=}"; done; }
+zerofit() {  # out-subdir, timeout, recipe, shared k=v..., then --variant args
+  local sub=$1 limit=$2 recipe=$3; shift 3
+  local shared=() variants=()
+  while [ $# -gt 0 ] && [ "$1" != --variant ]; do shared+=("$1"); shift; done
+  variants=("$@")
+  if [ "$(left)" -lt "$limit" ]; then limit=$(left); fi
+  if [ "$limit" -lt 40 ]; then echo "skipped zerofit $sub: out of time"; return; fi
+  # shellcheck disable=SC2046
+  python3 -m zerofit.cli bench --warmup "$warmup" --steps "$steps" --timeout "$limit" \
+    --out "$root/$sub" -c "$recipe" $(as_flags $common "${shared[@]}") "${variants[@]}" 2>&1 |
+    grep -v "^\[20" | grep -v "^[│┃┏┡└]" | tail -5
+  tail -n +6 "$root/$sub/results.md" 2>/dev/null
+}
+stock() {  # out-subdir, timeout, recipe, extra args (k=v overrides, --attn)
+  local sub=$1 limit=$2 recipe=$3; shift 3
+  if [ "$(left)" -lt "$limit" ]; then limit=$(left); fi
+  if [ "$limit" -lt 40 ]; then echo "skipped stock $sub: out of time"; return; fi
+  mkdir -p "$root/$sub"
+  # shellcheck disable=SC2086
+  timeout "$limit" torchrun --standalone --nproc-per-node 1 benchmarks/stock_sft.py -c "$recipe" \
+    --out "$root/$sub" --warmup "$warmup" --steps "$steps" $common "$@" \
+    > "$root/$sub/log.txt" 2>&1 || { echo "stock $sub failed:"; grep -v "^\[20" "$root/$sub/log.txt" | tail -4 | cut -c1-300; }
+  tail -1 "$root/$sub/log.txt" | cut -c1-600
+}
+full=configs/finetune-full.yaml
+lora=configs/finetune-lora.yaml
+m1="model.hf=$fix/model-1b"
+m8="model.hf=$fix/model-8b"
+one_b_mb="train.micro_batch_size=8 train.grad_accum_steps=2 parallel.activation_checkpointing=none"
+eight_b_mb="train.micro_batch_size=2 train.grad_accum_steps=4 parallel.activation_checkpointing=full"
+lora_mb="train.micro_batch_size=4 train.grad_accum_steps=2 parallel.activation_checkpointing=none"
+
+probe() {
+  stock 1b-stock-sdpa 150 $full $m1 $one_b_mb
+  stock 1b-stock-flex 150 $full $m1 $one_b_mb --attn flex_attention
+  zerofit 1b-zerofit 240 $full $m1 $one_b_mb \
+    --variant "eager: parallel.compile=false" --variant "compile: parallel.compile=true"
+}
+one_b() {
+  stock 1b-stock 150 $full $m1 $one_b_mb
+  zerofit 1b-zerofit 240 $full $m1 $one_b_mb \
+    --variant "eager: parallel.compile=false" --variant "compile: parallel.compile=true"
+}
+eight_b() {
+  stock 8b-stock 200 $full $m8 $eight_b_mb
+  zerofit 8b-zerofit 240 $full $m8 $eight_b_mb --variant "compile: parallel.compile=true"
+}
+lora_8b() {
+  stock 8b-lora-stock 180 $lora $m8 $lora_mb
+  zerofit 8b-lora-zerofit 240 $lora $m8 $lora_mb --variant "compile: parallel.compile=true"
+}
+mkdir -p "$root"
+case $phase in
+probe) probe ;;
+1b) one_b ;;
+8b) eight_b ;;
+lora) lora_8b ;;
+all) one_b; lora_8b; eight_b ;;
+*) echo "unknown phase $phase"; exit 2 ;;
+esac
+for log in "$root"/*/logs/*.log; do
+  [ -f "$log" ] || continue
+  grep -qE "^(error|Traceback)|Error" "$log" && { echo "== $log"; grep -v "^\[20" "$log" | grep -E "Error|error|Killed|memory" | tail -4 | cut -c1-400; }
+done
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"

@@ -1,0 +1,161 @@
+"""Packed-document attention for Hugging Face models: FlashAttention varlen on CUDA.
+
+transformers keeps packed documents apart by building a dense block-diagonal mask [B, 1, T, T]
+from the position ids, and SDPA with a dense mask cannot use its flash kernel. zerofit registers
+its own attention implementation, ``zerofit_varlen``, with transformers' ``AttentionInterface``:
+
+- On CUDA (bf16/fp16 compute), each layer runs ``torch.nn.attention.varlen.varlen_attn`` (causal) over
+  the batch flattened to [B*T] tokens, cut into documents by cumulative lengths that
+  ``doc_bounds`` computes once per forward (documents start where the positions do not step by
+  one, transformers' own rule). No mask is built, and no work is done across documents.
+- On CUDA in fp32 (or with dropout), SDPA with the same documents as a dense mask.
+- On CPU, it is transformers' SDPA with transformers' own mask, unchanged.
+
+Only architectures whose attention is plain causal softmax attention use it (``varlen_refusal``):
+no sliding window, no logit soft-capping, no attention dropout; others keep their own.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+NAME = "zerofit_varlen"
+CU_KEY, MAX_KEY = "zerofit_cu_seqlens", "zerofit_max_len"  # kwargs carried to every layer
+# Model types whose attention is plain causal softmax attention over (q, k, v) in transformers.
+PLAIN_CAUSAL = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "phi3"})
+HALF = (torch.bfloat16, torch.float16)
+
+
+def _varlen() -> Any | None:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch before 2.10
+        return None
+    return varlen_attn
+
+
+def varlen_refusal(config: Any) -> str | None:
+    """Why the model with this HF ``config`` keeps transformers' attention, or None if it can use
+    ``zerofit_varlen``."""
+    if _varlen() is None:
+        return "this torch has no torch.nn.attention.varlen"
+    kind = getattr(config, "model_type", "")
+    if kind not in PLAIN_CAUSAL:
+        return f"model_type {kind!r} is not one of {sorted(PLAIN_CAUSAL)}"
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        return "some layers use another attention than full attention"
+    window = getattr(config, "sliding_window", None)
+    if layer_types is None and window and getattr(config, "use_sliding_window", True):
+        return "it uses sliding-window attention"
+    if getattr(config, "attn_logit_softcapping", None):
+        return "it soft-caps the attention logits"
+    if getattr(config, "attention_dropout", 0.0):
+        return "it has attention dropout"
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_dim > 256:
+        return f"head_dim {head_dim} is above FlashAttention's 256"
+    return None
+
+
+def runs_varlen(device: torch.device | str) -> bool:
+    """Whether attention on this device goes through ``doc_bounds`` instead of a dense mask."""
+    return torch.device(device).type == "cuda"
+
+
+def doc_bounds(positions: torch.Tensor | None, batch: int, seq: int, device: torch.device):  # noqa: ANN201
+    """(cumulative document lengths int32 [N+1] over the flattened batch, the longest possible
+    document). A row's first token starts a document, and so does each token whose position is
+    not the previous one's plus one. Without positions, each row is one document."""
+    if positions is None:
+        return torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=device), seq
+    pos = positions.expand(batch, seq)
+    starts = torch.ones_like(pos, dtype=torch.bool)
+    starts[:, 1:] = pos[:, 1:] - pos[:, :-1] != 1
+    idx = starts.flatten().nonzero().flatten()  # one host sync per forward, not per layer
+    end = torch.tensor([batch * seq], dtype=idx.dtype, device=device)
+    return torch.cat([idx, end]).to(torch.int32), seq
+
+
+def _varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float | None) -> torch.Tensor:  # fmt: skip
+    """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D], causal within each document."""
+    fn = _varlen()
+    assert fn is not None
+    params = inspect.signature(fn).parameters
+    kwargs: dict[str, Any] = {"scale": scale}
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    if "window_size" in params:
+        kwargs["window_size"] = (-1, 0)
+    else:
+        kwargs["is_causal"] = True
+    return fn(q, k, v, cu, cu, max_len, max_len, **kwargs)
+
+
+def varlen_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface: q [B, H, T, D], k/v [B, Hkv, T, D] -> [B, T, H, D]."""
+    if not runs_varlen(query.device):  # transformers' own mask and SDPA
+        return _sdpa(module, query, key, value, attention_mask, dropout, scaling, kwargs)
+    cu = kwargs.get(CU_KEY)
+    if cu is None:
+        raise RuntimeError(f"{NAME} on CUDA needs {CU_KEY}: run the model through HFCausalLM")
+    if dropout or query.dtype not in HALF:  # the kernel takes neither: the same mask, dense
+        mask = _dense_mask(cu, query.shape[0], query.shape[2])
+        return _sdpa(module, query, key, value, mask, dropout, scaling, kwargs)
+    b, h, t, d = query.shape
+    q = query.transpose(1, 2).reshape(b * t, h, d)
+    k = key.transpose(1, 2).reshape(b * t, key.shape[1], d)
+    v = value.transpose(1, 2).reshape(b * t, value.shape[1], d)
+    out = _varlen_call(q, k, v, cu, kwargs[MAX_KEY], scaling)
+    return out.view(b, t, h, d), None
+
+
+def _dense_mask(cu: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
+    """The block-diagonal causal mask [B, 1, T, T] (True: attend) of documents ``cu``."""
+    flat = torch.arange(batch * seq, device=cu.device)
+    doc = torch.searchsorted(cu[1:].to(flat.dtype), flat, right=True).view(batch, seq)
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=cu.device).tril()
+    return ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]
+
+
+def _sdpa(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout: float, scaling: float | None, kwargs: dict[str, Any]) -> tuple[torch.Tensor, None]:  # fmt: skip
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    kwargs = {k_: v_ for k_, v_ in kwargs.items() if k_ not in (CU_KEY, MAX_KEY)}
+    return sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+def varlen_mask(*args: Any, device: torch.device | str = "cpu", **kwargs: Any) -> torch.Tensor | None:  # fmt: skip
+    """transformers' mask interface: none on CUDA (documents come as ``doc_bounds``), else
+    SDPA's own mask."""
+    if runs_varlen(device):
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, device=device, **kwargs)
+
+
+def register() -> None:
+    """Make ``zerofit_varlen`` known to transformers (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, varlen_attention)
+    AttentionMaskInterface.register(NAME, varlen_mask)

@@ -1,0 +1,153 @@
+"""zerofit_varlen, the packed-document attention of HF models (``zerofit.models.hf_attention``).
+
+On CPU the model keeps transformers' mask and SDPA (test_hf checks it against transformers). The
+CUDA branch is driven here on CPU by declaring CPU a "varlen" device: the adapter then passes the
+documents' bounds to every layer and no mask is built, and each layer either runs the kernel call
+(replaced by a per-document SDPA reference, to check the reshapes around it) or the dense fallback
+(fp32). Both must give exactly the losses and gradients of transformers' own masked SDPA. The real
+kernel is checked against SDPA on a GPU in test_gpu.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_hf import CONFIGS, _batch, _ours, _saved
+from test_hf_families import SIZES
+
+from zerofit.models import build_model, hf_head
+from zerofit.models import hf_attention as va
+
+transformers = pytest.importorskip("transformers")
+
+
+def _per_document_reference(q, k, v, cu, cu_k, max_q, max_k, *, scale=None, **kw):  # noqa: ANN001, ANN003, ANN202
+    """What varlen_attn computes, one document at a time: q [T, H, D], k/v [T, Hkv, D]."""
+    rep = q.shape[1] // k.shape[1]
+    out = torch.empty_like(q)
+    bounds = cu.tolist()
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        qd, kd, vd = (x[lo:hi].transpose(0, 1) for x in (q, k, v))
+        kd, vd = kd.repeat_interleave(rep, 0), vd.repeat_interleave(rep, 0)
+        o = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=scale)
+        out[lo:hi] = o.transpose(0, 1)
+    return out
+
+
+def _packed_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    tokens, targets = _batch(SIZES["vocab_size"], 24)
+    positions = torch.tensor(
+        [list(range(10)) + list(range(9)) + list(range(5)), list(range(17)) + list(range(7))]
+    )
+    return tokens, targets, positions
+
+
+def _loss_and_grads(model: torch.nn.Module, batch: tuple) -> tuple[float, dict]:
+    model.zero_grad(set_to_none=True)
+    loss = model(*batch)
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("branch", ["kernel", "dense"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma"])
+def test_varlen_branch_equals_transformers_masked_sdpa(
+    family: str, branch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, reference = _saved(tmp_path, family)
+    model = _ours(folder, reference)
+    assert model.varlen and model.hf.config._attn_implementation == va.NAME
+    batch = _packed_batch()
+    want_loss, want_grads = _loss_and_grads(model, batch)  # CPU: transformers' mask + SDPA
+
+    calls = []
+
+    def fake_varlen(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(args[3].tolist())
+        return _per_document_reference(*args, **kwargs)
+
+    monkeypatch.setattr(va, "runs_varlen", lambda device: True)
+    monkeypatch.setattr(hf_head, "runs_varlen", lambda device: True)
+    monkeypatch.setattr(va, "_varlen", lambda: fake_varlen)
+    if branch == "kernel":
+        monkeypatch.setattr(va, "HALF", (torch.float32,))
+    loss, grads = _loss_and_grads(model, batch)
+    layers = SIZES["num_hidden_layers"]
+    if branch == "kernel":  # every layer, the same documents: 10+9+5 and 17+7 tokens
+        assert calls == [[0, 10, 19, 24, 41, 48]] * layers
+    else:
+        assert calls == []
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, want_grads[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_cuda_branch_without_bounds_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Called on the varlen device without the bounds (not through HFCausalLM), it must not fall
+    back to plain causal attention across documents."""
+    monkeypatch.setattr(va, "runs_varlen", lambda device: True)
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(RuntimeError, match="zerofit_cu_seqlens"):
+        va.varlen_attention(torch.nn.Module(), q, q, q, None)
+
+
+def test_doc_bounds_follow_transformers_packing_rule() -> None:
+    from transformers.masking_utils import find_packed_sequence_indices
+
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(6):
+        row: list[int] = []
+        while len(row) < 40:
+            start = int(torch.randint(0, 3, (1,), generator=gen))  # not always from 0
+            row += list(range(start, start + int(torch.randint(1, 12, (1,), generator=gen))))
+        rows.append(row[:40])
+    positions = torch.tensor(rows)
+    cu, longest = va.doc_bounds(positions, 6, 40, positions.device)
+    assert longest == 40 and cu.dtype == torch.int32
+    theirs = find_packed_sequence_indices(positions)  # document index within each row
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), (theirs[:, -1] + 1).cumsum(0)[:-1]])
+    want = (theirs + offsets[:, None]).flatten()
+    ours = torch.searchsorted(cu[1:].long(), torch.arange(240), right=True)
+    assert torch.equal(ours, want)
+    assert va.doc_bounds(None, 3, 5, torch.device("cpu"))[0].tolist() == [0, 5, 10, 15]
+
+
+def test_dense_mask_equals_transformers_packed_mask() -> None:
+    from transformers.masking_utils import create_causal_mask
+
+    _, _, positions = _packed_batch()
+    config = transformers.LlamaConfig(**SIZES)
+    config._attn_implementation = "sdpa"
+    embeds = torch.zeros(2, 24, SIZES["hidden_size"])
+    theirs = create_causal_mask(config, embeds, None, None, position_ids=positions)
+    cu, _ = va.doc_bounds(positions, 2, 24, positions.device)
+    assert torch.equal(va._dense_mask(cu, 2, 24), theirs)
+
+
+@pytest.mark.parametrize(
+    ("family", "refused"),
+    [("llama", None), ("qwen3", None), ("gemma", None), ("phi3", None), ("qwen2", None),
+     ("mistral", "sliding-window"), ("gemma2", "is not one of"), ("cohere", "is not one of")],
+)  # fmt: skip
+def test_only_plain_causal_attention_uses_it(family: str, refused: str | None) -> None:
+    config = CONFIGS[family][0]()
+    reason = va.varlen_refusal(config)
+    assert (reason is None) if refused is None else (refused in reason), reason
+    mistral = transformers.MistralConfig(**SIZES, sliding_window=None)
+    assert va.varlen_refusal(mistral) is None
+    soft = transformers.LlamaConfig(**SIZES)
+    soft.attn_logit_softcapping = 30.0
+    assert "soft-caps" in va.varlen_refusal(soft)
+    dropout = transformers.LlamaConfig(**SIZES, attention_dropout=0.1)
+    assert "dropout" in va.varlen_refusal(dropout)
+
+
+def test_refused_models_keep_transformers_attention(tmp_path: Path) -> None:
+    folder, _ = _saved(tmp_path, "mistral")  # sliding window 8
+    spec = build_model(hf=str(folder))
+    assert not spec.module.varlen
+    assert spec.module.hf.config._attn_implementation != va.NAME
