@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,10 @@ def test_measure_takes_the_median_after_warmup() -> None:
     assert m["tokens_per_s_per_gpu"] == pytest.approx(3000 / 1.75 / 2)
     assert m["mfu"] == pytest.approx(1e9 * 3000 / 1.75 / 2 / 1e12)
     assert m["final_loss"] == 2.5 and m["mem_reserved_gib"] == 4.0
+    assert "real_tokens_per_s" not in m  # text rows: no padding to leave out
+    summary["step_real_tokens"] = [1, 1, 2900, 2000, 2700, 2950]  # padded fine-tuning rows
+    m = measure(summary, warmup=2)
+    assert m["real_tokens_per_s"] == pytest.approx(statistics.median([2900, 1000, 1800, 29.5]))
 
 
 @pytest.mark.dist

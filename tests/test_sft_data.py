@@ -31,6 +31,8 @@ from zerofit.data import (
     load_tokenizer,
     pack_samples,
     prompt_completion_sample,
+    real_tokens,
+    to_batch,
 )
 from zerofit.errors import UserError
 from zerofit.inputs import data_meta
@@ -108,6 +110,19 @@ def test_first_fit_packing_keeps_documents_apart() -> None:
     assert rows[1, 2].tolist() == [*range(8), 0, 1] and (rows[1, 1, 8:] == IGNORE_INDEX).all()
     alone, _ = pack_samples(samples, 10, packing=False)
     assert alone.shape == (4, 3, 10) and alone[3, 2, :3].tolist() == [0, 1, 2]
+
+
+def test_real_tokens_count_sample_places_not_padding() -> None:
+    """Places holding sample tokens, wherever their targets are: s3's start late, and s4 (last in
+    row 0) ends with places that carry no loss; padding after it does not count."""
+    tail = _sample(4)
+    tail.mask[2:] = False  # targets only for its 2nd token: its last 2 places carry no loss
+    samples = [_sample(5), _sample(9), _sample(3, first_target=2), tail, _sample(6)]
+    rows, _ = pack_samples(samples, 10, packing=True)  # places 4, 8, 2, 3, 5 -> rows 0, 1, 0, 0, 2
+    assert rows[0, 1, 6:9].tolist() == [11, IGNORE_INDEX, IGNORE_INDEX]  # s4's loss, then none
+    assert [real_tokens(to_batch(rows[i : i + 1])) for i in range(3)] == [9, 8, 5]
+    assert real_tokens(to_batch(rows)) == 22
+    assert real_tokens(to_batch(np.arange(22).reshape(2, 11))) == 20  # text rows: every place
 
 
 def test_overlong_truncate_drop_error() -> None:

@@ -13,6 +13,7 @@ from conftest import TINY, deep_update, losses, write_config, zerofit
 from sft_helpers import make_tokenizer, write_chat_jsonl
 
 from zerofit.config import config_from_dict
+from zerofit.data import real_tokens
 from zerofit.inputs import build_inputs, make_loader
 from zerofit.models.loss import IGNORE_INDEX
 
@@ -89,6 +90,11 @@ def test_step_loss_is_the_global_token_mean(chat: tuple[Path, dict]) -> None:
         rank_means = [spec.module(b[0], b[1], positions=b[2]).item() for b in batches]
     assert logged == pytest.approx(expected, rel=1e-5)
     assert abs(sum(rank_means) / 2 - expected) > 1e-4  # the test tells the two apart
+    # real tokens/s counts the global batch's non-padding places: step 1's are both ranks'
+    summary = json.loads((_runs["fsdp"][0] / "summary.json").read_text())
+    assert len(summary["step_real_tokens"]) == cfg.train.steps
+    assert summary["step_real_tokens"][0] == sum(real_tokens(b) for b in batches)
+    assert summary["step_real_tokens"][0] < tokens.numel()  # there is padding to leave out
 
 
 def test_accumulation_matches_data_parallel(chat: tuple[Path, dict]) -> None:
