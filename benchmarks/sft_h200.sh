@@ -2,12 +2,13 @@
 # Issue 13's fine-tuning figures on one H200: zerofit beside transformers (+ PEFT) + FSDP2 run the
 # usual way (benchmarks/stock_sft.py), on the same chat rows, masks and packing, in one device call:
 #   bash benchmarks/sft_h200.sh PHASE FIXTURE OUT
-#   PHASE: probe (1B, short) | 1b | 8b | lora | all (1b, lora, 8b, in that order, under DEADLINE s)
+#   PHASE: probe (1B, short) | 1b | 8b | lora | all (1b, lora, 8b, 1B at micro-batch 16, in that
+#   order, under DEADLINE s) | rest (all but the first 1B group)
 # FIXTURE is what `python benchmarks/sft_fixture.py FIXTURE` made (model-1b, model-8b, chat.jsonl).
 # Each zerofit variant runs under `zerofit bench` (own processes, median step time after warm-up);
 # each stock run under torchrun. Needs zerofit, peft and pydantic importable (docs/benchmarks/).
 set -uo pipefail
-phase=${1:?phase: probe | 1b | 8b | lora | all}
+phase=${1:?phase: probe | 1b | 8b | lora | all | rest}
 fix=${2:?fixture folder}
 root=${3:-sft-out}
 deadline=${DEADLINE:-570}
@@ -67,6 +68,10 @@ eight_b() {
   stock 8b-stock 200 $full $m8 $eight_b_mb
   zerofit 8b-zerofit 240 $full $m8 $eight_b_mb --variant "compile: parallel.compile=true"
 }
+one_b_big() {  # zerofit's own best at 1B: the same 16 rows per step in one micro-batch
+  zerofit 1b-zerofit-mbs16 150 $full $m1 train.micro_batch_size=16 train.grad_accum_steps=1 \
+    parallel.activation_checkpointing=none --variant "compile mbs16: parallel.compile=true"
+}
 lora_8b() {
   stock 8b-lora-stock 180 $lora $m8 $lora_mb
   zerofit 8b-lora-zerofit 240 $lora $m8 $lora_mb --variant "compile: parallel.compile=true"
@@ -77,12 +82,20 @@ probe) probe ;;
 1b) one_b ;;
 8b) eight_b ;;
 lora) lora_8b ;;
-all) one_b; lora_8b; eight_b ;;
+all) one_b; lora_8b; eight_b; one_b_big ;;
+rest) lora_8b; eight_b; one_b_big ;;
 *) echo "unknown phase $phase"; exit 2 ;;
 esac
 for log in "$root"/*/logs/*.log; do
   [ -f "$log" ] || continue
   grep -qE "^(error|Traceback)|Error" "$log" && { echo "== $log"; grep -v "^\[20" "$log" | grep -E "Error|error|Killed|memory" | tail -4 | cut -c1-400; }
 done
+# Every group's results.json in one file too (a device call may return only a few files).
+python3 - "$root" <<'PY'
+import json, pathlib, sys
+root = pathlib.Path(sys.argv[1])
+groups = {p.parent.name: json.loads(p.read_text()) for p in sorted(root.glob("*/results.json"))}
+(root / "all-results.json").write_text(json.dumps(groups, indent=1))
+PY
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"

@@ -11,7 +11,8 @@ What "the usual way" means here, as a TRL / Accelerate user would run it:
   activation checkpointing per decoder layer when `parallel.activation_checkpointing` is not none;
 - the loss as transformers computes it: fp32 logits of every position, cross-entropy ignoring
   -100, the mean over each micro-batch's valid tokens;
-- torch.optim.AdamW (fused) over the trainable parameters, the config's lr and grad clipping.
+- torch.optim.AdamW (fused) over the trainable parameters, the config's lr schedule (zerofit's
+  warm-up and cosine, so both stacks take the same steps) and grad clipping.
 
 The batches are zerofit's own (`zerofit.inputs.build_inputs` + `make_loader`): the same chat
 rows, masks and packed position ids (transformers keeps packed documents apart when it sees
@@ -104,12 +105,14 @@ def main() -> int:
     from zerofit.data import real_tokens
     from zerofit.inputs import build_inputs, make_loader
     from zerofit.metrics import peak_flops
+    from zerofit.schedule import lr_at
 
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     torch.cuda.set_device(device)
-    cfg = load_config(args.config, overrides)
+    steps = f"train.steps={args.warmup + args.steps}"  # as `zerofit bench` sets it (the schedule)
+    cfg = load_config(args.config, [*overrides, steps])
     inputs = build_inputs(cfg)
     loader = make_loader(cfg, inputs.data, rank, world)
     torch.manual_seed(cfg.train.seed)
@@ -131,6 +134,11 @@ def main() -> int:
             (loss / accum).backward()
             n_real += real_tokens(batch)
         torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
+        o = cfg.optim  # zerofit's warm-up and cosine schedule, so both runs take the same steps
+        lr = lr_at(step, lr=o.lr, warmup_steps=o.warmup_steps, total_steps=cfg.train.steps,
+                   min_lr_ratio=o.min_lr_ratio)  # fmt: skip
+        for group in opt.param_groups:
+            group["lr"] = lr
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()

@@ -57,6 +57,9 @@ def test_every_regression_mutant_has_an_expectation() -> None:
     assert sorted(p.name for p in MUTANTS.iterdir()) == sorted(EXPECTED)
 
 
+HANG_S = 30.0  # what "no hang" means in these tests; speed itself is not tested here
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_regression_mutants(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     work = fuzz_workdir(tmp_path, monkeypatch)
@@ -74,7 +77,9 @@ def test_alias_bomb_costs_no_time_or_memory(tmp_path: Path) -> None:
     elapsed = time.perf_counter() - start
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert elapsed < 0.5 and peak < 5 * 2**20, (elapsed, peak)
+    # Memory is the proof (an expanded bomb holds gigabytes); the time bound only catches a hang,
+    # with room for a loaded machine.
+    assert peak < 5 * 2**20 and elapsed < HANG_S, (elapsed, peak)
 
 
 @pytest.mark.parametrize("shape", ["list", "map", "block"])
@@ -321,7 +326,7 @@ def test_model_overrides(overrides: dict, needle: str) -> None:
     with pytest.raises(UserError) as e:
         build_model("tiny", overrides=overrides)
     assert needle in str(e.value) and len(str(e.value)) < 400
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < HANG_S  # refused before building: no 10**9 layers
 
 
 @pytest.mark.parametrize(
@@ -373,11 +378,12 @@ def pure_python_yaml(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     ],
 )
 def test_limits_hold_without_libyaml(pure_python_yaml, text: str, needle: str) -> None:  # noqa: ANN001
+    """The pure-Python parser keeps the same limits (no wall-clock bound here: the limits are
+    counted, and a timed assertion fails on a loaded machine)."""
     assert "CParser" not in str(pure_python_yaml._Parser.__mro__)
-    start = time.perf_counter()
     with pytest.raises(UserError, match="bad YAML in") as e:
         pure_python_yaml.load_yaml_text(text)
-    assert needle in str(e.value) and time.perf_counter() - start < 1.0
+    assert needle in str(e.value)
 
 
 @pytest.mark.parametrize("field", ["log.run_dir", "checkpoint.dir", "data.source"])

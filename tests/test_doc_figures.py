@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from doc_checks_finetune import DOC as FT_DOC
+from doc_checks_finetune import FINETUNE, README_FINETUNE
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "benchmarks" / "data"
@@ -740,6 +742,8 @@ CHECKS: dict[str, Check] = {
         BENCH + "2026-12-02-engines-llama3-1b-h200.md", [PAIR], engines_kept_ratio
     ),
 }
+CHECKS.update({name: Check(FT_DOC, data, fn) for name, (data, fn) in FINETUNE.items()})
+CHECKS["readme-finetune"] = Check(README, *README_FINETUNE)
 
 
 # ---------------------------------------------------------------------------------------------
