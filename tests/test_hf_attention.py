@@ -4,8 +4,8 @@ On CPU the model keeps transformers' mask and SDPA (test_hf checks it against tr
 CUDA branch is driven here on CPU by declaring CPU a "varlen" device: the adapter then passes the
 documents' bounds to every layer and no mask is built, and each layer either runs the kernel call
 (replaced by a per-document SDPA reference, to check the reshapes around it) or the dense fallback
-(fp32). Both must give exactly the losses and gradients of transformers' own masked SDPA. The real
-kernel is checked against SDPA on a GPU in test_gpu.py.
+(fp32, or a GPU before Ampere). Each must give exactly the losses and gradients of transformers'
+own masked SDPA. The real kernel is checked against SDPA on a GPU in test_gpu.py.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _loss_and_grads(model: torch.nn.Module, batch: tuple) -> tuple[float, dict]:
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("branch", ["kernel", "dense"])
+@pytest.mark.parametrize("branch", ["kernel", "dense", "dense-pre-ampere"])
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma"])
 def test_varlen_branch_equals_transformers_masked_sdpa(
     family: str, branch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -72,8 +72,9 @@ def test_varlen_branch_equals_transformers_masked_sdpa(
     monkeypatch.setattr(va, "runs_varlen", lambda device: True)
     monkeypatch.setattr(hf_head, "runs_varlen", lambda device: True)
     monkeypatch.setattr(va, "_varlen", lambda: fake_varlen)
-    if branch == "kernel":
+    if branch in ("kernel", "dense-pre-ampere"):  # fp32 stands in for bf16 here
         monkeypatch.setattr(va, "HALF", (torch.float32,))
+    monkeypatch.setattr(va, "_flash_capable", lambda device: branch != "dense-pre-ampere")
     loss, grads = _loss_and_grads(model, batch)
     layers = SIZES["num_hidden_layers"]
     if branch == "kernel":  # every layer, the same documents: 10+9+5 and 17+7 tokens

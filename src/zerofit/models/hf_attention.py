@@ -8,7 +8,7 @@ its own attention implementation, ``zerofit_varlen``, with transformers' ``Atten
   the batch flattened to [B*T] tokens, cut into documents by cumulative lengths that
   ``doc_bounds`` computes once per forward (documents start where the positions do not step by
   one, transformers' own rule). No mask is built, and no work is done across documents.
-- On CUDA in fp32 (or with dropout), SDPA with the same documents as a dense mask.
+- On CUDA in fp32, with dropout or before Ampere, SDPA with the same documents as a dense mask.
 - On CPU, it is transformers' SDPA with transformers' own mask, unchanged.
 
 Only architectures whose attention is plain causal softmax attention use it (``varlen_refusal``):
@@ -17,6 +17,7 @@ no sliding window, no logit soft-capping, no attention dropout; others keep thei
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -57,14 +58,20 @@ def varlen_refusal(config: Any) -> str | None:
     if getattr(config, "attention_dropout", 0.0):
         return "it has attention dropout"
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if head_dim > 256:
-        return f"head_dim {head_dim} is above FlashAttention's 256"
+    if head_dim > 256 or head_dim % 8:
+        return f"head_dim {head_dim}: FlashAttention takes multiples of 8 up to 256"
     return None
 
 
 def runs_varlen(device: torch.device | str) -> bool:
     """Whether attention on this device goes through ``doc_bounds`` instead of a dense mask."""
     return torch.device(device).type == "cuda"
+
+
+@functools.cache
+def _flash_capable(device: torch.device) -> bool:
+    """FlashAttention needs compute capability 8.0 (Ampere) or later."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def doc_bounds(positions: torch.Tensor | None, batch: int, seq: int, device: torch.device):  # noqa: ANN201
@@ -116,7 +123,9 @@ def varlen_attention(
     cu = kwargs.get(CU_KEY)
     if cu is None:
         raise RuntimeError(f"{NAME} on CUDA needs {CU_KEY}: run the model through HFCausalLM")
-    if dropout or query.dtype not in HALF:  # the kernel takes neither: the same mask, dense
+    if dropout or query.dtype not in HALF or not _flash_capable(query.device):
+        # the kernel takes neither dropout nor fp32, nor runs before Ampere: the same documents
+        # as a dense mask
         mask = _dense_mask(cu, query.shape[0], query.shape[2])
         return _sdpa(module, query, key, value, mask, dropout, scaling, kwargs)
     b, h, t, d = query.shape
