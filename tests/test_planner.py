@@ -117,6 +117,8 @@ def test_cli_json_and_write(tmp_path, capsys) -> None:
             "8",
             "--gpu-mem",
             "80GB",
+            "--cpu-mem",
+            "512GiB",
             "--micro-batch",
             "2",
             "--seq-len",

@@ -8,7 +8,7 @@ from zerofit.config import Config, with_fields
 from zerofit.errors import UserError
 from zerofit.models.shape import shape_from_config
 from zerofit.planner.memory import workload_for
-from zerofit.planner.plan import plan, recommend
+from zerofit.planner.plan import closest, plan, recommend
 from zerofit.planner.shape import detect_hardware
 
 
@@ -25,8 +25,9 @@ def resolve_auto(cfg: Config, world_size: int) -> Config:
     options = plan(shape_from_config(cfg), workload_for(cfg, world_size), hw, cfg)
     best = recommend(options)
     if best is None:
+        near = closest(options)
         raise UserError(
-            f"parallel.backend auto: nothing fits; the closest is {options[0].strategy.label} ({options[0].why_not})"
+            f"parallel.backend auto: nothing fits; the closest is {near.strategy.label} ({near.why_not})"
         )
     print(
         f"parallel.backend auto: {best.strategy.label} (predicted {best.memory.peak_reserved / 2**30:.1f} GiB per GPU)",

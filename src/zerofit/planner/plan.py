@@ -1,8 +1,18 @@
 """Every strategy's memory and speed on given hardware, and the recommendation.
 
-The recommendation is the fastest strategy that fits with HEADROOM to spare on the GPU (and within
-the host RAM / NVMe it needs). Nothing is special-cased: the seed's decision guide (under 24 GB:
-ZeRO-3 + CPU offload; 40 GB and up: FSDP + bf16) has to come out of the numbers.
+The recommendation is the fastest strategy that fits. Nothing is special-cased: the seed's decision
+guide (under 24 GB: ZeRO-3 + CPU offload; 40 GB and up: FSDP + bf16) has to come out of the numbers.
+
+What "fits" means (`headroom_rule` says it in words, with the numbers):
+- GPU: the predicted total per GPU (peak allocated + the CUDA context + the allocator's
+  fragmentation, `Memory.peak_reserved`) within 1 - HEADROOM of the GPU's memory. The HEADROOM
+  share is kept for what the forecast leaves out: NCCL's communication buffers, the allocator's
+  transient spikes, other processes on the card, and the forecast's own error (measured within 5%
+  for most strategies, over by up to 17% for some: docs/benchmarks).
+- Host: what offloading keeps in host RAM per node within HOST_SHARE of the node's RAM (the OS, the
+  data loader and the pinned-memory limits need the rest). The host RAM is always checked: with
+  none known (`Hardware.cpu_mem` None) an offloading strategy does not fit.
+- NVMe: what NVMe offload writes, within the given space.
 """
 
 from __future__ import annotations
@@ -12,14 +22,14 @@ from typing import Any
 
 from zerofit.backends import engines
 from zerofit.models.shape import ModelShape
-from zerofit.planner.memory import Memory, Strategy, estimate
+from zerofit.planner.memory import CUDA_CONTEXT, FRAGMENTATION, Memory, Strategy, estimate
 from zerofit.planner.shape import Hardware
 from zerofit.planner.speed import Speed, predict
-from zerofit.planner.terms import Workload
+from zerofit.planner.terms import GIB, Workload
 from zerofit.schema import Config
 
-HEADROOM = 0.10  # keep 10% of GPU memory free
-HOST_SHARE = 0.85  # of host RAM usable for offload
+HEADROOM = 0.10  # share of GPU memory kept free (see the module docstring)
+HOST_SHARE = 0.85  # share of host RAM usable for offload
 
 
 @dataclass
@@ -43,17 +53,67 @@ def candidates(hw: Hardware, base: Config | None = None) -> list[Strategy]:
     return out
 
 
+def headroom(hw: Hardware) -> dict[str, float | None]:
+    """The numbers of the "fits" rule on this hardware (GiB, shares)."""
+    ram = hw.cpu_mem
+    return {
+        "gpu_mem_gib": hw.gpu_mem / GIB,
+        "gpu_kept_share": HEADROOM,
+        "gpu_kept_gib": hw.gpu_mem * HEADROOM / GIB,
+        "gpu_usable_gib": hw.gpu_mem * (1 - HEADROOM) / GIB,
+        "cuda_context_gib": CUDA_CONTEXT / GIB,
+        "fragmentation_share": FRAGMENTATION,
+        "host_mem_gib": None if ram is None else ram / GIB,
+        "host_usable_share": HOST_SHARE,
+        "host_usable_gib": None if ram is None else ram * HOST_SHARE / GIB,
+    }
+
+
+def headroom_rule(hw: Hardware) -> str:
+    """One line: what "fits" keeps back, and why."""
+    h = headroom(hw)
+    host = (
+        f"host: offloaded states within {HOST_SHARE:.0%} of {h['host_mem_gib']:,.0f} GiB RAM per "
+        f"node = {h['host_usable_gib']:,.0f} GiB (the OS, data loader and pinned buffers need the rest)"
+        if h["host_mem_gib"] is not None
+        else "host RAM unknown: nothing that offloads fits (give --cpu-mem)"
+    )
+    return (
+        f"fits: GPU total (peak allocated + {h['cuda_context_gib']:.2f} GiB CUDA context + "
+        f"{FRAGMENTATION:.0%} allocator fragmentation) within {1 - HEADROOM:.0%} of "
+        f"{h['gpu_mem_gib']:.1f} GiB = {h['gpu_usable_gib']:.1f} GiB; the other "
+        f"{h['gpu_kept_gib']:.1f} GiB stay free for NCCL buffers, allocator spikes, other "
+        f"processes and the forecast's error; {host}."
+    )
+
+
+def _host_reason(mem: Memory, hw: Hardware) -> str | None:
+    need = mem.host * hw.gpus_per_node
+    if need <= 0:
+        return None
+    if hw.cpu_mem is None:
+        return f"needs {need / GIB:,.0f} GiB host RAM per node, and the host RAM is unknown"
+    if need > hw.cpu_mem * HOST_SHARE:
+        return (
+            f"needs {need / GIB:,.0f} GiB host RAM per node, over the "
+            f"{hw.cpu_mem * HOST_SHARE / GIB:,.0f} GiB usable of {hw.cpu_mem / GIB:,.0f}"
+        )
+    return None
+
+
 def evaluate(m: ModelShape, w: Workload, hw: Hardware, s: Strategy) -> Option:
     mem = estimate(m, w, s)
     speed = predict(m, w, s, hw)
     reasons = []
-    if mem.peak_reserved > hw.gpu_mem * (1 - HEADROOM):
+    usable = hw.gpu_mem * (1 - HEADROOM)
+    if mem.peak_reserved > usable:
         reasons.append(
-            f"needs {mem.peak_reserved / 2**30:.1f} GiB of {hw.gpu_mem / 2**30:.1f} GiB per GPU"
+            f"needs {mem.peak_reserved / GIB:.1f} GiB per GPU, over the {usable / GIB:.1f} GiB "
+            f"usable of {hw.gpu_mem / GIB:.1f}"
         )
-    host_need = mem.host * hw.gpus_per_node
-    if hw.cpu_mem and host_need > hw.cpu_mem * HOST_SHARE:
-        reasons.append(f"needs {host_need / 2**30:.0f} GiB host RAM of {hw.cpu_mem / 2**30:.0f}")
+    host = _host_reason(mem, hw)
+    if host:
+        reasons.append(host)
     if mem.nvme and mem.nvme * hw.gpus_per_node > hw.nvme:
         reasons.append(f"needs {mem.nvme * hw.gpus_per_node / 1e12:.2f} TB NVMe")
     return Option(s, mem, speed, not reasons, "; ".join(reasons))
@@ -67,6 +127,12 @@ def plan(m: ModelShape, w: Workload, hw: Hardware, base: Config | None = None) -
 
 def recommend(options: list[Option]) -> Option | None:
     return options[0] if options and options[0].fits else None
+
+
+def closest(options: list[Option]) -> Option:
+    """When nothing fits: the option needing the least GPU memory (its `why_not` says what else
+    it lacks, such as host RAM for offload)."""
+    return min(options, key=lambda o: o.memory.peak_reserved)
 
 
 def to_json(m: ModelShape, w: Workload, hw: Hardware, options: list[Option]) -> dict[str, Any]:
@@ -92,10 +158,18 @@ def to_json(m: ModelShape, w: Workload, hw: Hardware, options: list[Option]) -> 
         "hardware": {
             "gpus_per_node": hw.gpus_per_node,
             "nodes": hw.nodes,
+            "gpu": hw.name,
+            "gpu_from": hw.gpu_from,
             "gpu_mem_gib": hw.gpu_mem / gib,
-            "cpu_mem_gib": hw.cpu_mem / gib,
+            "peak_tflops": hw.peak_flops / 1e12,
+            "mem_bw_gbs": hw.mem_bw / 1e9,
+            "intra_bw_gbs": hw.intra_bw / 1e9,
+            "pcie_bw_gbs": hw.pcie_bw / 1e9,
+            "cpu_mem_gib": None if hw.cpu_mem is None else hw.cpu_mem / gib,
+            "cpu_mem_from": hw.cpu_mem_from,
             "nvme_tb": hw.nvme / 1e12,
         },
+        "headroom": headroom(hw),
         "options": [
             {
                 "strategy": o.strategy.label,

@@ -1,35 +1,70 @@
 """What the planner needs to know about a machine, from whatever the user has.
 
-The model side (``ModelShape`` and its constructors) lives in ``zerofit.models.shape``.
+The model side (``ModelShape`` and its constructors) lives in ``zerofit.models.shape``. The known
+cards (memory, peak, bandwidths) live in ``zerofit.planner.gpus``.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from zerofit.errors import UserError
+from zerofit.limits import shown
 from zerofit.models.shape import (  # noqa: F401  re-exported until the planner imports models.shape
     ModelShape,
     shape_from_config,
     shape_from_hf_config,
     shape_from_preset,
 )
+from zerofit.planner.gpus import GPU, gpu_named
 
-_SIZE = re.compile(r"^\s*([0-9.]+)\s*([KMGTP]?)(i?)B?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGTP]?)(i?)B?\s*$", re.IGNORECASE)
+MAX_COUNT = 10**9  # the largest count a flag takes (GPUs, layers, tokens, ...)
 
 
 def parse_size(text: str) -> int:
-    """'40GiB' -> bytes (binary), '2TB' -> bytes (decimal), '512G' -> GiB."""
+    """'40GiB' -> bytes (binary), '2TB' -> bytes (decimal), '512G' -> GiB. Zero is a size;
+    negative, NaN, inf and words are not (UserError)."""
     m = _SIZE.match(text)
-    if not m:
-        raise UserError(f"cannot read a size from '{text}' (examples: 40GiB, 80GB, 2TB)")
-    value, unit, binary = float(m.group(1)), m.group(2).upper(), m.group(3)
+    value = float(m.group(1)) if m else math.nan
+    if not math.isfinite(value):
+        problem = "a size cannot be negative" if text.strip().startswith("-") else "cannot read"
+        raise UserError(f"{problem}: {shown(text)} (examples: 40GiB, 80GB, 2TB)")
+    unit, binary = m.group(2).upper(), m.group(3)
     power = " KMGTP".index(unit) if unit else 0
     base = 1024 if (binary or (unit and not text.strip().upper().endswith("B"))) else 1000
     return int(value * base**power)
+
+
+def parse_count(flag: str, text: str | None, minimum: int = 1) -> int | None:
+    """A whole-number flag (None when not given): UserError unless an integer in
+    [minimum, MAX_COUNT]."""
+    if text is None:
+        return None
+    value = int(text.strip()) if re.fullmatch(r"\s*[+-]?\d{1,30}\s*", text) else None
+    if value is None or not minimum <= value <= MAX_COUNT:
+        raise UserError(
+            f"{flag} must be a whole number from {minimum} to {MAX_COUNT:,}, got {shown(text)}"
+        )
+    return value
+
+
+def parse_positive(flag: str, text: str | None) -> float | None:
+    """A finite number > 0 (None when not given), else UserError."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UserError(f"{flag} must be a finite number > 0, got {shown(text)}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -37,35 +72,69 @@ class Hardware:
     gpus_per_node: int
     gpu_mem: int  # bytes per GPU
     nodes: int = 1
-    cpu_mem: int = 0  # bytes of host RAM per node
+    cpu_mem: int | None = None  # bytes of host RAM per node (None: unknown, offload cannot fit)
     nvme: int = 0  # bytes of NVMe per node
-    peak_flops: float = 989e12  # dense bf16 per GPU
+    peak_flops: float = 989.4e12  # dense bf16 per GPU (Hopper, when nothing says otherwise)
     intra_bw: float = 300e9  # bytes/s per GPU for collectives inside a node (NVLink class)
     inter_bw: float = 25e9  # bytes/s per GPU across nodes (200 Gb/s class)
     pcie_bw: float = 25e9  # bytes/s host<->GPU
+    mem_bw: float = 4.8e12  # bytes/s of GPU memory (the H200 the speed constants were fitted on)
     name: str = "GPU"
+    gpu_from: str = "assumed"  # where the card's figures come from: detected | --gpu | assumed
+    cpu_mem_from: str = "given"  # where cpu_mem comes from: given | detected | unknown
 
     @property
     def world_size(self) -> int:
         return self.gpus_per_node * self.nodes
 
 
+def host_ram() -> int | None:
+    """This machine's physical RAM in bytes, or None where the OS does not say."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return ram if ram > 0 else None
+
+
 def detect_hardware() -> Hardware | None:
-    """This machine's GPUs, host RAM and disk, or None without a GPU."""
+    """This machine's GPUs, host RAM and disk, or None without a GPU. A card in the table of
+    ``zerofit.planner.gpus`` brings its peak and bandwidths; another one its peak as the trainer's
+    MFU knows it, else Hopper's (``gpu_from`` says so)."""
     if not torch.cuda.is_available():
         return None
-    import os
     import shutil
 
     from zerofit.metrics import peak_flops
 
-    props = torch.cuda.get_device_properties(0)
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return Hardware(
+    props, name = torch.cuda.get_device_properties(0), torch.cuda.get_device_name(0)
+    ram = host_ram()
+    hw = Hardware(
         gpus_per_node=torch.cuda.device_count(),
         gpu_mem=props.total_memory,
         cpu_mem=ram,
+        cpu_mem_from="detected" if ram else "unknown",
         nvme=shutil.disk_usage("/").free,
-        peak_flops=peak_flops(torch.device("cuda", 0)) or 989e12,
-        name=props.name,
+        name=name,
+        gpu_from="detected",
+    )
+    gpu = gpu_named(name)
+    if gpu is not None:
+        return with_gpu(hw, gpu, memory=False)
+    peak = peak_flops(torch.device("cuda", 0))
+    if peak is None:
+        return replace(hw, gpu_from="detected, peak assumed")
+    return replace(hw, peak_flops=peak)
+
+
+def with_gpu(hw: Hardware, gpu: GPU, memory: bool = True) -> Hardware:
+    """`hw` with a known card's peak and bandwidths (and its memory, unless `memory` is False)."""
+    return replace(
+        hw,
+        gpu_mem=gpu.memory if memory else hw.gpu_mem,
+        peak_flops=gpu.peak_flops,
+        intra_bw=gpu.intra_bw,
+        pcie_bw=gpu.pcie_bw,
+        mem_bw=gpu.mem_bw,
+        name=gpu.name,
     )

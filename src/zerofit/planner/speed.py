@@ -17,6 +17,14 @@ The efficiency constants come from zerofit's own H200 measurements (docs/benchma
 46.3%. Wider models run bigger GEMMs: at hidden 4096 (Llama-3-8B shape) compiled FSDP reached 61.3%
 and ZeRO-3 55.9%, so efficiency scales by 1 + WIDTH_GAIN x log2(hidden / 2048), clipped. They are
 leads, not laws: `zerofit plan --measure` checks a prediction against a real run.
+
+The GPU is an input (`Hardware`, from `zerofit.planner.gpus` or detected): its dense bf16 peak sets
+the compute time, its link the communication, its PCIe generation the offload copies. Its memory
+bandwidth scales the MEMORY_BOUND share of compute time spent in bandwidth-bound kernels (norms,
+RoPE, SiLU, casts, the optimizer step) by the card's FLOP-per-byte ratio against the H200's, the
+card the efficiencies were measured on: on the H200 the factor is 1. MEMORY_BOUND is a lead: compile,
+which fuses those kernels, removed about a quarter of eager step time on the H200 (1 - 1/1.35);
+compiled runs keep less of it.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ from zerofit.planner.terms import Workload
 
 WIDTH_GAIN = 0.24  # per doubling of the hidden size
 OVERLAP = 0.8
+MEMORY_BOUND = 0.2  # share of the H200's compute time in bandwidth-bound kernels
+REFERENCE_FLOPS_PER_BYTE = 989.4e12 / 4.8e12  # the H200: dense bf16 peak / memory bandwidth
 
 
 @dataclass
@@ -51,6 +61,13 @@ def efficiency(s: Strategy, dim: int) -> float:
     return eng.efficiency * (eng.compile_gain if s.compile else 1.0) * width
 
 
+def bandwidth_factor(hw: Hardware) -> float:
+    """Compute time on this card relative to a card of the same peak with the H200's FLOP-per-byte
+    ratio: the bandwidth-bound share scales with peak / memory bandwidth."""
+    ratio = hw.peak_flops / hw.mem_bw / REFERENCE_FLOPS_PER_BYTE
+    return 1.0 - MEMORY_BOUND + MEMORY_BOUND * ratio
+
+
 def flops_per_token(m: ModelShape, w: Workload) -> float:
     """Training FLOPs per token. LoRA: the frozen base does no weight-gradient matmuls (4 FLOPs
     per weight and token, not 6); the adapters do all 6."""
@@ -66,7 +83,7 @@ def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
     flops = flops_per_token(m, w) * tokens_step
     # full AC runs the forward twice; selective AC only re-runs the cheap elementwise ops
     recompute = {"full": 4 / 3, "selective": 1.03}.get(s.activation_checkpointing, 1.0)
-    compute = flops * recompute / (W * hw.peak_flops * efficiency(s, m.dim))
+    compute = flops * recompute * bandwidth_factor(hw) / (W * hw.peak_flops * efficiency(s, m.dim))
     bw = hw.inter_bw if hw.nodes > 1 else hw.intra_bw
     comm = s.engine.traffic(m, w, s.options).per_rank / bw
     exposed = max(0.0, comm - OVERLAP * compute)
