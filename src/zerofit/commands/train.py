@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -135,4 +137,9 @@ def _train_joined(cfg: Any, opts: Any) -> int:
     if code == 0 and prep is not None:  # rank 0
         print_summary(prep.run_dir)
         _export_final(prep.cfg, prep.run_dir)
-    return code
+    # This process is a rank: everything is written and the process group destroyed. End it here,
+    # as zerofit.worker does, without interpreter teardown: gloo's C++ threads destroyed at exit
+    # have aborted a finished rank (SIGABRT, "terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
