@@ -88,11 +88,17 @@ def doc_bounds(positions: torch.Tensor | None, batch: int, seq: int, device: tor
     return torch.cat([idx, end]).to(torch.int32), seq
 
 
+@functools.cache
+def _params(fn: Any) -> frozenset[str]:
+    """The keyword names ``fn`` takes (read once, not in every layer's call)."""
+    return frozenset(inspect.signature(fn).parameters)
+
+
 def _varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float | None) -> torch.Tensor:  # fmt: skip
     """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D], causal within each document."""
     fn = _varlen()
     assert fn is not None
-    params = inspect.signature(fn).parameters
+    params = _params(fn)
     kwargs: dict[str, Any] = {"scale": scale}
     if q.shape[1] != k.shape[1]:
         if "enable_gqa" in params:
