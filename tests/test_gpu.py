@@ -4,8 +4,8 @@ Llama's peak memory against the built-in one of the same shape.
 
 Every test is marked `gpu`; tests/conftest.py skips them where torch.cuda.is_available() is false,
 so on a CPU they cost nothing. One GPU is enough (every run is `zerofit train --nproc 1`), and
-nothing beyond PyTorch is assumed except DeepSpeed for the ZeRO-3 test and transformers for the HF
-one (each skipped without it). On one H200 the module took about 3 minutes before the HF memory
+nothing beyond PyTorch is assumed except DeepSpeed for the ZeRO-3 test, transformers for the HF
+one and torchao for the fp8 one (each skipped without it; fp8 also below compute capability 8.9). On one H200 the module took about 3 minutes before the HF memory
 test was added, mostly process start-up and Inductor compiling.
 """
 
@@ -354,3 +354,54 @@ def test_hf_varlen_kernel_matches_masked_sdpa() -> None:
     plain = F.scaled_dot_product_attention(q.float(), kr, vr, is_causal=True).transpose(1, 2)
     assert (got - want).abs().max().item() < 2e-2
     assert (plain - want).abs().max().item() > 0.2
+
+
+# --------------------------------------------------------------------------- fp8 (torchao float8)
+
+# The small preset (dim 512, ffn 1536: every block Linear a multiple of 16) in bf16 under FSDP2,
+# 30 steps. float8 Linear layers (torchao, precision.fp8) must learn as bf16 does: the loss falls
+# by more than 1.5 and stays within FP8_RTOL of bf16's at every step. Not yet run on a GPU: the
+# bound is a loose one, above what the CPU runs showed (tests/test_fp8.py: <= 9.5% on gloo in
+# fp32, at the step where the loss jumps); the printed worst difference is the figure to tighten
+# it with. A float8 path that does not learn fails the fall.
+FP8_STEPS = 30
+FP8_RTOL = 0.15
+
+
+def test_fp8_trains_like_bf16(tmp_path: Path) -> None:
+    import torch
+
+    pytest.importorskip("torchao")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 tensor cores need compute capability 8.9 (Ada, Hopper) or newer")
+    base = deep_update(
+        GPU,
+        {
+            "model": {"preset": "small", "overrides": {"n_layers": 4}},
+            "data": {"max_tokens": 1_000_000},
+            "train": {"steps": FP8_STEPS},
+            "precision": {"mode": "bf16"},
+            "parallel": {"backend": "fsdp"},
+        },
+    )
+    runs = {}
+    # name: (recipe, compiled); torch.compile fuses float8's casts, the path torchao recommends
+    variants = {"tensorwise": ("tensorwise", False), "rowwise": ("rowwise", False)}
+    variants["tensorwise_compiled"] = ("tensorwise", True)
+    for name, (recipe, compiled) in {"none": ("none", False), **variants}.items():
+        extra = {"precision": {"fp8": recipe}, "parallel": {"compile": compiled}}
+        runs[name] = train_run(tmp_path, f"fp8_{name}", deep_update(base, extra), "--nproc", "1")
+    ref = losses(runs["none"])
+    assert len(ref) == FP8_STEPS and ref[FP8_STEPS] < ref[1] - 1.5, ref
+    for name, (recipe, _) in variants.items():
+        got = losses(runs[name])
+        rep = json.loads((runs[name] / "precision.json").read_text())
+        assert rep["warnings"] == [] and rep["fp8"]["recipe"] == recipe, rep
+        assert rep["fp8"]["high_precision_linears"] == {"output": 1}, rep
+        assert rep["fp8"]["float8_all_gather"] == (recipe == "tensorwise"), rep
+        worst = _worst(got, ref)
+        print(
+            f"fp8 {name} vs bf16: max relative loss difference over {FP8_STEPS} steps = {worst:.3f}"
+        )
+        assert got[FP8_STEPS] < got[1] - 1.5, got
+        assert 0 < worst <= FP8_RTOL, {s: (ref[s], got[s]) for s in ref}

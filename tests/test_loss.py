@@ -89,3 +89,48 @@ def test_selective_checkpointing_recomputes_no_matmul() -> None:
     assert full == none + 2 * 6
     torch.testing.assert_close(g_sel, g_none)
     torch.testing.assert_close(g_full, g_none)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_chunk_matches_eager(dtype: torch.dtype) -> None:
+    """The compiler's form of a chunk (`softmax_grad`) equals the in-place eager one: loss, count
+    and the gradient of the logits, with ignored targets and the true class at both edges."""
+    from zerofit.models.loss import _softmax_grad_eager, softmax_grad
+
+    gen = torch.Generator().manual_seed(3)
+    logits = (4 * torch.randn(9, 37, generator=gen)).to(dtype)
+    targets = torch.randint(0, 37, (9,), generator=gen)
+    targets[[1, 4]] = IGNORE_INDEX
+    targets[0], targets[2] = 0, 36
+    ref = _softmax_grad_eager(logits.clone(), targets)
+    got = torch.compile(softmax_grad, fullgraph=True, dynamic=False)(logits, targets)
+    plain = softmax_grad(logits, targets)
+    for out in (got, plain):
+        torch.testing.assert_close(out[0], ref[0], rtol=1e-5, atol=1e-5)
+        assert int(out[1]) == int(ref[1]) == 7
+        assert out[2].dtype == dtype
+        torch.testing.assert_close(out[2].float(), ref[2].float(), rtol=1e-2, atol=1e-2)
+    assert torch.all(plain[2][[1, 4]] == 0)
+
+
+def test_compiled_head_trains_like_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With parallel.compile's flag set, the fused head gives the plain loss and gradients."""
+    from zerofit.models import loss as loss_mod
+
+    monkeypatch.setattr(loss_mod, "COMPILE_CHUNKS", True)
+    monkeypatch.setattr(loss_mod, "_compiled", {})
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(2, 6, 16, generator=gen, requires_grad=True)
+    w = torch.randn(40, 16, generator=gen, requires_grad=True)
+    targets = torch.randint(0, 40, (2, 6), generator=gen)
+    targets[1, :2] = IGNORE_INDEX
+    ref = F.cross_entropy((h @ w.t()).flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+    ref.backward()
+    gh, gw = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    got = linear_cross_entropy(h, w, targets, chunk=4)  # 3 full chunks: one graph
+    got.backward()
+    assert "fn" in loss_mod._compiled
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(h.grad, gh, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(w.grad, gw, rtol=1e-4, atol=1e-5)

@@ -7,21 +7,29 @@ predicted on one H200 and compared with the run's median tokens/s and peak alloc
   engine, `WIDTH_GAIN`, the CPU Adam rate, the compiled-activation count), and later re-measurements
   of the same configurations. Passing here shows the fit, not a forecast.
 - **Held-out**: runs used in no fit. Their errors are what to expect of a new configuration.
+- **Held-out `--measure-out` files**: every JSON that `zerofit plan --measure K --measure-out PATH`
+  wrote under data/2026-12-0?-planner-heldout*/, one test per row (named `held-out:...`): each row
+  forecast again with today's planner, memory within HELDOUT_MEMORY and step time within
+  HELDOUT_TIME of what was measured. None committed yet: the test skips, saying so.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
+from zerofit.commands import plan_measure
 from zerofit.config import load_config
 from zerofit.models.shape import shape_from_config
 from zerofit.planner.memory import estimate, strategy_for, workload_for
+from zerofit.planner.plan import evaluate
 from zerofit.planner.shape import Hardware
 from zerofit.planner.speed import predict
+from zerofit.runner import Outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "benchmarks" / "data"
@@ -43,6 +51,9 @@ HELD_OUT = [  # (results.json, variant, stated speed error bound): in no fit
     ("2026-12-02-speed/first-call-8b-results.json", "fsdp bf16-states mbs2 ga2", 0.12),
 ]
 MEMORY_TOLERANCE = 0.10
+HELDOUT_GLOB = "2026-12-0?-planner-heldout*/**/*.json"
+HELDOUT_MEMORY = plan_measure.MEMORY_BOUND  # 5%, as `--measure` counts its hits
+HELDOUT_TIME = plan_measure.TIME_BOUND  # 10%
 
 
 def replay(results: str, variant: str) -> tuple[object, dict]:
@@ -94,3 +105,72 @@ def test_replay_reads_the_run_it_names() -> None:
     cfg, run = replay("2026-12-02-speed/all-13b-results.json", "zero3 optim 50% cpu bf16-states")
     assert cfg.model.preset == "13b" and cfg.train.grad_accum_steps == 2
     assert cfg.parallel.deepspeed.offload_ratio == 0.5 and run["tokens_per_s"] > 0
+
+
+def heldout_rows(data: Path = DATA) -> list:
+    """One pytest param per row of every `--measure-out` file under `data` (HELDOUT_GLOB), its id
+    `held-out:<folder>/<file>:<strategy>`; one skipped param saying why when there are none."""
+    params = []
+    for path in sorted(data.glob(HELDOUT_GLOB)):
+        found = json.loads(path.read_text())
+        if not isinstance(found, dict) or "shape" not in found.get("meta", {}):
+            continue  # not a --measure-out file (a bench results.json, say)
+        name = path.relative_to(data).as_posix()
+        for row in found["rows"]:
+            params.append(pytest.param(found["meta"], row, id=f"held-out:{name}:{row['strategy']}"))
+    if not params:
+        reason = f"no held-out `zerofit plan --measure-out` files under {DATA.name}/{HELDOUT_GLOB}"
+        params.append(pytest.param(None, None, id="held-out:none", marks=pytest.mark.skip(reason)))
+    return params
+
+
+def heldout_errors(meta: dict, row: dict) -> tuple[float, float]:
+    """(memory error, step time error) of today's forecast for a `--measure-out` row:
+    predicted / measured - 1. AssertionError for an OOM the planner still says fits."""
+    m, w, hw, s = plan_measure.replay(meta, row)
+    if row["status"] == "oom":
+        option = evaluate(m, w, hw, s)
+        assert not option.fits, f"OOM, yet forecast to fit: {row['failure']}"
+        pytest.skip(f"OOM, and the planner now says it does not fit ({option.why_not})")
+    if row["status"] != "ok":
+        pytest.skip(f"the run failed ({row['failure']}): no measurement to check")
+    memory = estimate(m, w, s).peak_allocated / GIB / row["measured_alloc_gib"] - 1
+    time = predict(m, w, s, hw).step_time / row["measured_step_s"] - 1
+    return memory, time
+
+
+@pytest.mark.parametrize(("meta", "row"), heldout_rows())
+def test_held_out_measure_out_rows(meta: dict, row: dict) -> None:
+    memory, time = heldout_errors(meta, row)
+    assert abs(memory) <= HELDOUT_MEMORY, f"memory {memory:+.1%} (bound {HELDOUT_MEMORY:.0%})"
+    assert abs(time) <= HELDOUT_TIME, f"step time {time:+.1%} (bound {HELDOUT_TIME:.0%})"
+
+
+def test_heldout_loader_reads_a_measure_out_file(tmp_path: Path) -> None:
+    """A file as `--measure-out` writes it is found by the glob and forecast again; one that is
+    off by more than the bounds gives errors past them."""
+    m, hw = shape_from_config(load_config(None, ["model.preset=tiny"])), H200
+    w, s = workload_for(load_config(None, ["model.preset=tiny"]), 1), strategy_for(load_config())
+    option = evaluate(m, w, hw, s)
+    summary = {"step_times_s": [1.0, 1.0, 1.0], "tokens_per_step": w.tokens, "world_size": 1}
+    summary |= {"flops_per_token": 1.0, "device": "cuda"}
+    rows = []
+    for off in (1.02, 1.5):  # measured = forecast / off: errors +2% and +50%
+        summary["mem_alloc_gib"] = option.memory.peak_allocated / GIB / off
+        summary["step_times_s"] = [9.0, option.speed.step_time / off]
+        outcome = Outcome(0, 1.0, dict(summary), tmp_path / "log")
+        row = plan_measure.compare(option, outcome, warmup=1)
+        rows.append(row | {"workload": asdict(w), "strategy": f"fsdp {off}"})
+    folder = tmp_path / "2026-12-04-planner-heldout-h200"
+    folder.mkdir()
+    head = plan_measure.meta(m, w, hw, plan_measure.Settings(2, 1, None))
+    (folder / "rows.json").write_text(json.dumps({"meta": head, "rows": rows}))
+    (folder / "results.json").write_text(json.dumps({"meta": {}, "results": []}))  # not one
+    found = heldout_rows(tmp_path)
+    assert [p.id for p in found] == [
+        "held-out:2026-12-04-planner-heldout-h200/rows.json:fsdp 1.02",
+        "held-out:2026-12-04-planner-heldout-h200/rows.json:fsdp 1.5",
+    ]
+    near, far = (heldout_errors(*p.values) for p in found)
+    assert near == pytest.approx((0.02, 0.02)) and far == pytest.approx((0.5, 0.5))
+    assert heldout_rows(tmp_path / "none")[0].id == "held-out:none"

@@ -3,7 +3,9 @@
 Each variant is one `zerofit train` in its own processes (so a crash or an OOM stays there), with
 checkpoints and eval off. From each run's per-step times it takes the median after warm-up, and
 reports tokens/s, TFLOP/s, MFU, peak memory and the final loss; `zerofit.bench_report` writes the
-table, results.json and charts.
+table, results.json and charts. With `--profile N` each run goes on for one more step and N
+profiled ones (log.profile_steps, see `zerofit.profiling`) after the timed steps, so the profiler
+does not touch the timing; its trace and step-time breakdown are kept with the variant's result.
 
 Variants come from `--backends` x every `--sweep key=v1,v2` (a key only one engine reads, such as
 parallel.deepspeed.reduce_bucket_size, is swept for that engine alone), plus any `--variant`.
@@ -50,6 +52,8 @@ class Result:
     measured_steps: int = 0
     wall_s: float = 0.0
     run_dir: str = ""
+    profile_dir: str = ""  # with --profile: <run_dir>/profile (trace and summary.json)
+    profile: dict[str, Any] | None = None  # its summary.json: breakdown and top kernels
 
 
 def parse_sweep(text: str) -> tuple[str, list[str]]:
@@ -114,9 +118,11 @@ def _classify(code: int, log: str) -> tuple[str, str]:
     return status, error.strip()[:300]
 
 
-def measure(summary: dict[str, Any], warmup: int) -> dict[str, Any]:
-    """Median step time over the steps after warm-up, and what follows from it."""
-    times = summary["step_times_s"][warmup:]
+def measure(summary: dict[str, Any], warmup: int, count: int | None = None) -> dict[str, Any]:
+    """Median step time over the `count` steps after warm-up (default: all the rest), and what
+    follows from it."""
+    end = None if count is None else warmup + count
+    times = summary["step_times_s"][warmup:end]
     if not times:
         raise ValueError("no measured steps")
     median = statistics.median(times)
@@ -124,7 +130,7 @@ def measure(summary: dict[str, Any], warmup: int) -> dict[str, Any]:
     extra = {k: summary[k] for k in ("mem_alloc_gib", "mem_reserved_gib") if k in summary}
     if "mem_rss_gib" in summary:  # CPU: peak host RSS of rank 0
         extra = {"mem_alloc_gib": summary["mem_rss_gib"]}
-    real = summary.get("step_real_tokens", [])[warmup:]
+    real = summary.get("step_real_tokens", [])[warmup:end]
     if len(real) == len(times):  # padded fine-tuning rows: non-padding tokens over each step
         extra["real_tokens_per_s"] = statistics.median(
             n / t for n, t in zip(real, times, strict=True)
@@ -149,12 +155,14 @@ class Settings:
     warmup: int
     steps: int
     timeout: float | None = None
+    profile: int = 0  # profiled steps after the timed ones (0: none)
 
 
 def run_variant(variant: Variant, index: int, out: Path, st: Settings) -> Result:
     run_dir = out / slug(index, variant.name)
-    total = st.warmup + st.steps
+    total = st.warmup + st.steps + (1 + st.profile if st.profile else 0)
     forced = [f"train.steps={total}", f"log.every={total}", *runner.MEASURE_ONLY]
+    forced.append(f"log.profile_steps={st.profile}")  # never over the timed steps
     outcome = runner.train(
         run_dir,
         [*st.base, *variant.overrides, *forced],
@@ -170,9 +178,21 @@ def run_variant(variant: Variant, index: int, out: Path, st: Settings) -> Result
     elif not outcome.ok:
         result.status, result.error = _classify(outcome.code, outcome.log())
     else:
-        for key, value in measure(outcome.summary, st.warmup).items():  # type: ignore[arg-type]
+        for key, value in measure(outcome.summary or {}, st.warmup, st.steps).items():
             setattr(result, key, value)
+        if st.profile:
+            read_profile(result, run_dir / "profile")
     return result
+
+
+def read_profile(result: Result, folder: Path) -> None:
+    """The run's profile summary into its result (a note in `error` when it left none)."""
+    found = folder / "summary.json"
+    if not found.is_file():
+        result.error = f"no profile summary in {folder} (see the run's log)"
+        return
+    result.profile_dir = str(folder)
+    result.profile = json.loads(found.read_text())
 
 
 def best(results: list[Result], backend: str | None = None) -> Result | None:

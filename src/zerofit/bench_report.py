@@ -1,5 +1,5 @@
 """What `zerofit bench` leaves behind: results.json, results.md, throughput.png, memory.png and the
-table it prints."""
+table it prints; with --profile, each variant's step-time breakdown and top kernels too."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.bench import Result, best, best_lines
+from zerofit.profiling import PARTS
 
 COLUMNS: list[tuple[str, str, str]] = [  # (Result attribute, header, format)
     ("tokens_per_s", "tokens/s", "{:,.0f}"),
@@ -82,7 +83,55 @@ def markdown(results: list[Result], meta: dict[str, Any]) -> str:
             "",
             f"Note: only {meta['steps']} timed steps per variant (10 or more is the norm).",
         ]
+    lines += profile_markdown(results, meta.get("profile_steps", 0))
     return "\n".join(lines) + "\n"
+
+
+def profile_cells(r: Result) -> list[str]:
+    """variant, the five shares, comm overlapped with compute, the trace file."""
+    p = r.profile or {}
+    shares = [f"{p['breakdown'][part]:.1%}" for part in PARTS]
+    trace = str(Path(r.profile_dir) / p["trace"])
+    return [r.name, *shares, f"{p['comm_overlap']:.1%}", trace]
+
+
+def profile_headers() -> list[str]:
+    return ["variant", *PARTS, "comm overlapped", "trace"]
+
+
+def top_rows(profile: dict[str, Any], top: int) -> tuple[str, list[list[str]]]:
+    """('kernel' or 'op', rows of name, calls, total ms, share)."""
+    what = "kernel" if profile["device"] == "cuda" else "op"
+    rows = [
+        [t["name"], str(t["calls"]), f"{t['total_ms']:,.2f}", f"{t['share']:.1%}"]
+        for t in profile["top"][:top]
+    ]
+    return what, rows
+
+
+def profile_markdown(results: list[Result], steps: int) -> list[str]:
+    profiled = [r for r in results if r.profile]
+    if not profiled:
+        return []
+    lines = [
+        "",
+        f"## Where the step time went ({steps} profiled steps after the timed ones, rank 0)",
+        "",
+        "| " + " | ".join(profile_headers()) + " |",
+        "|---|" + "---:|" * (len(PARTS) + 1) + "---|",
+        *("| " + " | ".join(profile_cells(r)) + " |" for r in profiled),
+        "",
+        "Shares of the profiled steps' wall time (definitions: `zerofit.profiling`); "
+        "'comm overlapped' is the time communication ran alongside compute.",
+    ]
+    for r in profiled:
+        what, rows = top_rows(r.profile or {}, 10)
+        lines += ["", f"### {r.name}: top {what}s by {(r.profile or {})['top_by']}", ""]
+        lines += [f"| {what} | calls | total ms | share |", "|---|---:|---:|---:|"]
+        for name, *figures in rows:  # kernel names hold <templates> and the odd '|'
+            cell = "`" + name.replace("`", "'").replace("|", "\\|") + "`"
+            lines.append("| " + " | ".join([cell, *figures]) + " |")
+    return lines
 
 
 def charts(results: list[Result], out: Path) -> list[Path]:
@@ -155,3 +204,27 @@ def print_table(results: list[Result]) -> None:
             console.print(f"[red]{r.name}: {r.status}: {r.error}[/red]")
     for line in best_lines(results):
         console.print(line)
+    print_profiles(results, console)
+
+
+def print_profiles(results: list[Result], console: Any) -> None:
+    from rich.table import Table
+    from rich.text import Text  # kernel names are not markup
+
+    profiled = [r for r in results if r.profile]
+    if not profiled:
+        return
+    table = Table(title="where the step time went (profiled steps, rank 0)")
+    for i, h in enumerate(profile_headers()[:-1]):  # the trace paths are printed per variant
+        table.add_column(h, justify="right" if i else "left")
+    for r in profiled:
+        table.add_row(*map(Text, profile_cells(r)[:-1]))
+    console.print(table)
+    for r in profiled:
+        what, rows = top_rows(r.profile or {}, 5)
+        top = Table(title=f"{r.name}: top {what}s by {(r.profile or {})['top_by']}")
+        for i, h in enumerate([what, "calls", "total ms", "share"]):
+            top.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+        for row in rows:
+            top.add_row(*map(Text, row))
+        console.print(top)

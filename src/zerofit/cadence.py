@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -197,11 +198,19 @@ class RunSummary:
         self.timer = StepTimer(ctx.device)
         self.timer.mark()
         self.real_tokens: list[torch.Tensor] = []  # per step, fine-tuning rows only
+        self.losses: list[
+            torch.Tensor
+        ] = []  # per step, this rank's (averaged over ranks at the end)
 
-    def mark_step(self, real_tokens: torch.Tensor | None = None) -> None:
+    def mark_step(
+        self, real_tokens: torch.Tensor | None = None, loss: torch.Tensor | None = None
+    ) -> None:
+        """A step ended: its time, and (kept on the device, no sync) its tokens and loss."""
         self.timer.mark()
         if real_tokens is not None:
             self.real_tokens.append(real_tokens)
+        if loss is not None:
+            self.losses.append(loss.detach().float().reshape(()))
 
     def update(self, record: dict[str, Any]) -> None:
         self.data.update(record)
@@ -224,6 +233,9 @@ class RunSummary:
         summary.update(counts)
         # Per-step times (log/eval/save steps included), for `zerofit bench`.
         summary["step_times_s"] = self.timer.durations()
+        if self.losses:  # each step's loss, the mean over ranks (one collective for the run)
+            losses = ctx.all_reduce_mean(torch.stack(self.losses))
+            summary["step_losses"] = [x if math.isfinite(x) else None for x in losses.tolist()]
         if self.real_tokens:  # and each step's non-padding tokens, for real tokens/s
             summary["step_real_tokens"] = [int(n) for n in torch.stack(self.real_tokens).tolist()]
         summary.update(log.rates)

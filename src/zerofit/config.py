@@ -229,6 +229,15 @@ def validate(cfg: Config) -> None:
         raise UserError(f"data.val_fraction must be in [0, 1), got {cfg.data.val_fraction}")
     check_optim(cfg.optim)
     _check_paths(cfg)
+    if cfg.precision.fp8 != "none" and cfg.model.lora.rank > 0:
+        raise UserError(
+            f"precision.fp8={cfg.precision.fp8} with LoRA (model.lora.rank > 0) is not supported: "
+            "train the adapters in bf16 (precision.fp8: none)"
+        )
+    if cfg.parallel.backend in SECTIONS:  # `auto` is checked once the planner has picked
+        from zerofit.backends import get_engine
+
+        get_engine(cfg.parallel.backend).validate(cfg)
 
 
 def check_world(cfg: Config, world_size: int) -> int:
@@ -252,6 +261,7 @@ def resolve_precision(cfg: PrecisionConfig, device_type: str) -> PrecisionConfig
         param_dtype=cfg.param_dtype or mode,
         reduce_dtype=cfg.reduce_dtype or "fp32",
         master_dtype=cfg.master_dtype or "fp32",
+        fp8=cfg.fp8,
     )
 
 

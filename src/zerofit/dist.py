@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from zerofit.sizes import gib, memory_fraction
+
 
 @dataclass
 class DistContext:
@@ -120,6 +122,32 @@ def init_distributed(replicate_degree: int = 1) -> DistContext:
             kwargs.update(store=_attempt_store(world), rank=rank, world_size=world)
         dist.init_process_group(backend=backend, timeout=timedelta(minutes=30), **kwargs)
     return DistContext(rank, world, local_rank, device, replicate_degree, world // replicate_degree)
+
+
+def cap_gpu_memory(limit: int | None, ctx: DistContext) -> float | None:
+    """`train.gpu_memory_limit`: cap this rank's caching allocator at `limit` bytes of its GPU
+    (before the model is built), so that a run on a big card rehearses a smaller one. Rank 0 says
+    what it applied; on CPU there is nothing to cap (a note). Returns the fraction applied."""
+    if limit is None:
+        return None
+    if ctx.device.type != "cuda":
+        if ctx.is_main:
+            print(
+                f"note: train.gpu_memory_limit ({gib(limit)}) is ignored on "
+                f"{ctx.device.type.upper()}: there is no GPU memory to cap",
+                flush=True,
+            )
+        return None
+    total = torch.cuda.get_device_properties(ctx.device).total_memory
+    fraction = memory_fraction(limit, total, torch.cuda.get_device_name(ctx.device))
+    torch.cuda.set_per_process_memory_fraction(fraction, ctx.device)
+    if ctx.is_main:
+        print(
+            f"train.gpu_memory_limit: each rank's allocator capped at {gib(limit)} of "
+            f"{gib(total)} (fraction {fraction:.4f})",
+            flush=True,
+        )
+    return fraction
 
 
 def _attempt_store(world: int) -> dist.Store:

@@ -173,7 +173,11 @@ def diagnose(run: Path) -> list[Finding]:
 
 
 def oom_advice(cfg: Config, world: int, gpu_mem: int) -> str:
-    """Why a run ran out of memory (its biggest component) and the planner's next step."""
+    """Why a run ran out of memory (its biggest component) and the planner's next step, on the
+    card's memory or, with `train.gpu_memory_limit`, the cap the run had."""
+    limit, capped = cfg.train.gpu_memory_limit, False
+    if limit is not None and limit < gpu_mem:
+        gpu_mem, capped = limit, True
     predicted, parts = predicted_peak(cfg, world)
     biggest = max((k for k in parts if k != "overhead"), key=parts.get)  # type: ignore[arg-type]
     tries: list[tuple[str, dict[str, Any]]] = [
@@ -189,6 +193,8 @@ def oom_advice(cfg: Config, world: int, gpu_mem: int) -> str:
     for eng in engines().values():
         tries += eng.remedies(cfg)
     advice = f"biggest component: {biggest} ({parts[biggest]:.1f} GiB of a predicted {predicted:.1f} GiB peak allocated)"
+    if capped:
+        advice += f"; the GPU was capped at {gpu_mem / GIB:.1f} GiB by train.gpu_memory_limit"
     for text, fields in tries:
         new = with_fields(cfg, fields)
         peak, _ = predicted_peak(new, world)

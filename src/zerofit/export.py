@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shutil
 import warnings
 from dataclasses import dataclass, replace
@@ -25,6 +24,7 @@ from typing import Any
 
 import torch
 
+from zerofit import sizes
 from zerofit.checkpoint import (
     checkpoint_root,
     complete_checkpoints,
@@ -58,16 +58,8 @@ HF_PREFIX = "hf."
 
 
 def parse_size(text: str) -> int:
-    """'5GB' -> 5e9 bytes, '20MiB' -> 20 * 2**20, '1000' -> 1000."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise UserError(f"bad size {text!r} (e.g. 5GB, 500MB, 2GiB)")
-    unit = (m.group(2) or "B").upper()
-    base = 1024 if "I" in unit else 1000
-    size = int(float(m.group(1)) * base ** "BKMGT".index(unit[0]))
-    if size < 1:
-        raise UserError(f"size {text!r} must be at least one byte")
-    return size
+    """A shard size ('5GB', '20MiB', '1000'): `zerofit.sizes.parse_size`, at least one byte."""
+    return sizes.parse_size(text, minimum=1)
 
 
 def read_run_config(run_dir: Path) -> Config:

@@ -24,6 +24,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from zerofit.models import loss
 from zerofit.models.llama import strip_wrapper_names
 from zerofit.models.meta import allocate_
 
@@ -46,6 +47,7 @@ def _saved_ops() -> set[object]:
         "mm",
         "addmm",
         "bmm",
+        "_scaled_mm",  # precision.fp8's float8 matmuls
         "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_efficient_attention",
         "_scaled_dot_product_cudnn_attention",
@@ -80,7 +82,9 @@ def apply_ac(blocks: nn.ModuleList, mode: str, every: int = 1) -> int:
 
 
 def apply_compile(blocks: nn.ModuleList) -> None:
-    """torch.compile each block separately: one graph per block, reused across identical blocks."""
+    """torch.compile each block separately: one graph per block, reused across identical blocks.
+    The fused output layer's per-chunk softmax and gradient are compiled too (`models.loss`)."""
+    loss.COMPILE_CHUNKS = True
     for i, block in enumerate(list(blocks)):
         blocks[i] = torch.compile(block, fullgraph=True)
 
@@ -93,6 +97,7 @@ def apply_compile_forward(blocks: nn.ModuleList) -> None:
     is raised to one graph per block rather than failing at PyTorch's default of 8."""
     import torch._dynamo.config as dynamo_config
 
+    loss.COMPILE_CHUNKS = True
     limit = len(blocks) + 8
     for name in ("recompile_limit", "cache_size_limit"):  # renamed in recent PyTorch
         if hasattr(dynamo_config, name):

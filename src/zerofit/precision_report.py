@@ -5,10 +5,15 @@ master weights in one engine, bf16 gradient reduction in the other). After the f
 engine reports the dtype of: compute (a Linear's output in forward), master weights (what the
 optimizer updates), optimizer states (AdamW's exp_avg) and gradient reduction. Any difference from
 what the config asks for becomes a warning that names it.
+
+With `precision.fp8`, the report also says which Linear layers compute in float8 (torchao's
+Float8Linear) and with which recipe, and which stay in the compute dtype (the output layer, and any
+whose dims are not multiples of 16), by name pattern (block indices as `*`) with their counts.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +21,8 @@ import torch
 from torch import nn
 
 from zerofit.backends.base import DTYPE
+from zerofit.fp8 import all_gathers_float8, float8_linears, output_layers, recipe_of
+from zerofit.models.llama import strip_wrapper_names
 
 NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 CONFIG_KEY = {
@@ -74,6 +81,45 @@ def stored_dtypes(model: nn.Module) -> tuple[torch.dtype | None, torch.dtype | N
     return trained, frozen
 
 
+def _pattern(name: str) -> str:
+    """`layers.3.attention.wq` -> `layers.*.attention.wq` (wrapper segments dropped)."""
+    return ".".join("*" if p.isdigit() else p for p in strip_wrapper_names(name).split("."))
+
+
+def fp8_layers(model: nn.Module) -> dict[str, Any]:
+    """Which Linear layers compute in float8 and with which recipe, and which do not (by name
+    pattern, with counts); `output_layer_float8` should stay False."""
+    converted = dict(float8_linears(model))
+    plain = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in converted]
+    heads = {id(m) for m in output_layers(model)}
+    recipes = sorted({recipe_of(m) for m in converted.values()})
+    return {
+        "recipe": ", ".join(recipes) or None,
+        "float8_all_gather": all_gathers_float8(model),
+        "float8_linears": dict(Counter(_pattern(n) for n in converted)),
+        "high_precision_linears": dict(Counter(_pattern(n) for n in plain)),
+        "output_layer_float8": any(id(m) in heads for m in converted.values()),
+    }
+
+
+def _fp8_warnings(name: str, wanted: str, fp8: dict[str, Any]) -> list[str]:
+    n = sum(fp8["float8_linears"].values())
+    if wanted == "none":
+        return (
+            [f"{name}: {n} Linear layers compute in float8, but precision.fp8 is none"] if n else []
+        )
+    if n == 0:
+        return [f"{name}: no Linear layer computes in float8, but precision.fp8 is {wanted}"]
+    out = []
+    if fp8["recipe"] != wanted:
+        out.append(f"{name}: float8 recipe {fp8['recipe']}, but precision.fp8 is {wanted}")
+    if fp8["output_layer_float8"]:
+        out.append(
+            f"{name}: the output layer computes in float8 (it should stay in high precision)"
+        )
+    return out
+
+
 def report(backend: Any, compute: torch.dtype | None) -> dict[str, Any]:
     """Effective dtypes of one engine after its first step, plus warnings against the config.
 
@@ -101,4 +147,9 @@ def report(backend: Any, compute: torch.dtype | None) -> dict[str, Any]:
                 f"{backend.name}: {key.replace('_', ' ')} in {dtype_name(value)}, "
                 f"but precision.{CONFIG_KEY[key]} is {wanted}"
             )
-    return {"backend": backend.name, "effective": effective, "warnings": warnings}
+    fp8 = fp8_layers(backend.model)
+    warnings += _fp8_warnings(backend.name, backend.precision.fp8, fp8)
+    out = {"backend": backend.name, "effective": effective, "warnings": warnings}
+    if backend.precision.fp8 != "none" or fp8["float8_linears"]:
+        out["fp8"] = fp8
+    return out

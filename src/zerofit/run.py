@@ -11,7 +11,7 @@ import torch
 
 from zerofit import checkpoint as ckpt
 from zerofit.config import Config
-from zerofit.dist import init_distributed
+from zerofit.dist import cap_gpu_memory, init_distributed
 from zerofit.errors import UserError
 from zerofit.reports import oom_report
 from zerofit.resolve import mesh_replicas
@@ -26,6 +26,7 @@ def run_training(
 ) -> dict[str, Any]:
     control = control or RunControl()
     ctx = init_distributed(mesh_replicas(cfg))
+    cap_gpu_memory(cfg.train.gpu_memory_limit, ctx)  # before anything is allocated
     if ctx.device.type == "cuda":  # record allocations during start-up and the first steps
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     try:

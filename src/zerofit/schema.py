@@ -19,6 +19,7 @@ from pydantic.dataclasses import dataclass
 
 from zerofit.backends.catalog import SECTIONS
 from zerofit.fields import SECTION, Bool, Float, Int, Positive, Str, doc
+from zerofit.sizes import Size
 
 Dtype = Literal["bf16", "fp16", "fp32"]
 SEED = {"ge": 0, "le": 2**32 - 1}  # what numpy accepts; torch adds rank and step offsets
@@ -129,6 +130,15 @@ class TrainConfig:
         Int | None,
         doc("if given, must equal micro x accum x data-parallel size", ge=1, le=2**40),
     ] = None
+    gpu_memory_limit: A[
+        Size | None,
+        doc(
+            "cap each GPU's memory at this size, e.g. 24GB, 22GiB (rehearse a smaller card on a "
+            "bigger one; null: the whole card)",
+            ge=1,
+            le=2**50,
+        ),
+    ] = None
     eval_every: A[Int, doc("eval loss every N steps (0: never)", **COUNT)] = 50
     eval_batches: A[Int, doc("micro-batches per rank in one eval", **BATCH)] = 4
     seed: A[Int, doc("seed of the per-rank torch RNG", **SEED)] = 0
@@ -171,6 +181,10 @@ class PrecisionConfig:
     param_dtype: A[Dtype | None, doc("compute dtype of forward/backward (default: mode)")] = None
     reduce_dtype: A[Dtype | None, doc("gradient reduction dtype (default: fp32)")] = None
     master_dtype: A[Dtype | None, doc("stored weights and AdamW states (default: fp32)")] = None
+    fp8: A[
+        Literal["none", "tensorwise", "rowwise"],
+        doc("float8 matmuls in the blocks' Linears (torchao; fsdp/ddp; CUDA capability 8.9+)"),
+    ] = "none"
 
 
 Backend = Literal[tuple([*SECTIONS, "auto"])]  # type: ignore[misc]
@@ -233,6 +247,15 @@ class LogConfig:
     jsonl: A[Bool, doc("write <run_dir>/metrics.jsonl")] = True
     tensorboard: A[Bool, doc("write <run_dir>/tb (needs the tensorboard package)")] = False
     progress: A[Bool, doc("progress bar (or log lines) on rank 0")] = True
+    profile_steps: A[
+        Int,
+        doc(
+            "profile the run's last N steps (torch profiler, after one warm-up step): a trace and"
+            " a step-time breakdown in <run_dir>/profile (0: off)",
+            ge=0,
+            le=10**4,
+        ),
+    ] = 0
 
 
 @dataclass(config=SECTION)

@@ -21,6 +21,7 @@ from zerofit.dist import DistContext
 from zerofit.errors import EXIT_IO, EXIT_NONFINITE, RunStopped, UserError
 from zerofit.faults.nonfinite import StepResult
 from zerofit.models.loss import IGNORE_INDEX
+from zerofit.profiling import DATA, FORWARD_BACKWARD, OPTIMIZER, StepProfiler
 from zerofit.reports import write_precision_report
 from zerofit.run_parts import RunControl, agreed, build_parts
 from zerofit.schedule import lr_at
@@ -45,6 +46,7 @@ class Trainer:
         self.step = 0
         self.last_saved = 0
         self.real_tokens: torch.Tensor | None = None  # the last step's, on fine-tuning rows
+        self.profiler = StepProfiler.off()  # log.profile_steps: set up by fit()
         line = self.data.report_line()  # fine-tuning data: what packing kept, cut and dropped
         if line and ctx.is_main:
             print(line, flush=True)
@@ -59,12 +61,19 @@ class Trainer:
         saves = SaveEvery(cfg.checkpoint.every, cfg.checkpoint.save_final)
         self.backend.model.train()
         first = FirstSteps(self.backend.model, ctx.device, self._write_precision_report)
+        self.profiler = StepProfiler(
+            cfg.log.profile_steps,
+            cfg.train.steps - start,
+            self.run_dir / "profile" if ctx.is_main else None,
+            ctx.device.type == "cuda",
+        )
         with log:
             if self.stops.asked_at_start():
                 self.stop_on_signal()
             while self.step < cfg.train.steps:
-                loss, result = self.train_step()
-                summary.mark_step(self.real_tokens)
+                with self.profiler.step():
+                    loss, result = self.train_step()
+                summary.mark_step(self.real_tokens, loss)
                 first.after_step(self.step)
                 record = log.after_step(self.step, loss, result, self.lr, self.real_tokens)
                 if evals.due(self.step):
@@ -195,14 +204,16 @@ class Trainer:
         global batch (see `_token_weights`)."""
         accum = self.cfg.train.grad_accum_steps
         total = torch.zeros((), device=self.ctx.device)
-        batches = [self.loader.next_microbatch() for _ in range(accum)]
-        weights = self._token_weights(batches)
-        for a, batch in enumerate(batches):
-            with self.backend.micro_step(is_last=a == accum - 1):
-                loss = self._forward(batch)
-                loss = loss / accum if weights is None else loss * weights[a]
-                self.backend.backward(loss)
-            total += loss.detach()
+        with self.profiler.phase(DATA):
+            batches = [self.loader.next_microbatch() for _ in range(accum)]
+            weights = self._token_weights(batches)
+        with self.profiler.phase(FORWARD_BACKWARD):
+            for a, batch in enumerate(batches):
+                with self.backend.micro_step(is_last=a == accum - 1):
+                    loss = self._forward(batch)
+                    loss = loss / accum if weights is None else loss * weights[a]
+                    self.backend.backward(loss)
+                total += loss.detach()
         o = self.cfg.optim
         self.lr = lr_at(
             self.step,
@@ -211,7 +222,8 @@ class Trainer:
             total_steps=self.cfg.train.steps,
             min_lr_ratio=o.min_lr_ratio,
         )
-        result = self.backend.step(self.lr, total, self.stops.gate)
+        with self.profiler.phase(OPTIMIZER):
+            result = self.backend.step(self.lr, total, self.stops.gate)
         self.step += 1
         self.stops.check_step(self.step, result, self.next_move())
         return total, result

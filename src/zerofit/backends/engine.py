@@ -45,6 +45,10 @@ class Engine:
         """This engine's section of a config."""
         return getattr(cfg.parallel, self.name)
 
+    def validate(self, cfg: Config) -> None:
+        """Refuse, at config load (UserError), settings this engine cannot run at all; what needs
+        the world size or the device waits for `prepare` and `check_world`."""
+
     def prepare(self, cfg: Config, world_size: int, device_type: str) -> Config:
         """Engine-specific resolution before the config is saved (e.g. merge a ds_config.json).
         `cfg.precision` is already resolved."""
@@ -70,6 +74,11 @@ class Engine:
         """The option sets `zerofit plan` compares on `nodes` nodes (with NVMe space or not),
         varied from `base`, the config's own section (its other settings are kept)."""
         return [base]
+
+    def tunings(self, opts: Any) -> list[Any]:
+        """Variants of one candidate that the planner chooses between for a fixed global batch
+        (it takes the fastest that fits); `[opts]` when there is nothing to tune."""
+        return [opts]
 
     def label(self, opts: Any) -> str:
         raise NotImplementedError

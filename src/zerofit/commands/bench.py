@@ -14,7 +14,8 @@ EXAMPLES = """examples:
   zerofit bench -c cfg.yaml --backends ddp,fsdp,deepspeed
   zerofit bench -c cfg.yaml --backends fsdp,deepspeed --sweep train.micro_batch_size=1,2,4
   zerofit bench -c cfg.yaml --backends deepspeed --sweep parallel.deepspeed.reduce_bucket_size=5e7,2e8
-  zerofit bench -c cfg.yaml --variant 'compiled: parallel.compile=true' --train.micro_batch_size 2"""
+  zerofit bench -c cfg.yaml --variant 'compiled: parallel.compile=true' --train.micro_batch_size 2
+  zerofit bench -c cfg.yaml --backends fsdp,deepspeed --profile   # + a trace and time breakdown"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +49,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=3, help="steps left out of the timing")
     p.add_argument("--steps", type=int, default=10, help="timed steps (median taken)")
     p.add_argument("--timeout", type=float, default=None, help="seconds per variant")
+    p.add_argument(
+        "--profile",
+        type=int,
+        nargs="?",
+        const=3,
+        default=0,
+        metavar="STEPS",
+        help="after the timed steps, profile STEPS more (default 3) with the torch profiler: a "
+        "trace per variant and where the step time went (compute, communication, optimizer, "
+        "host, idle) with the top kernels",
+    )
     p.add_argument("--out", default=None, help="output directory (default runs/bench-<time>)")
     p.set_defaults(run=run, takes_overrides=True)
 
@@ -85,6 +97,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 
     if args.steps < 1 or args.warmup < 0:
         raise UserError("--steps must be >= 1 and --warmup >= 0")
+    if not 0 <= args.profile <= 1000:
+        raise UserError(f"--profile {args.profile}: expected 1 to 1000 steps (0: off)")
     variants = _variants(args, overrides)
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     if (out / "results.json").exists():
@@ -95,6 +109,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         "nproc": args.nproc or default_nproc(),
         "warmup": args.warmup,
         "steps": args.steps,
+        "profile_steps": args.profile,
         "env": environment(),
     }
     print(f"zerofit bench: {len(variants)} variant(s) -> {out}", flush=True)
@@ -102,9 +117,13 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     def report(r: bench.Result) -> None:
         figure = f"{r.tokens_per_s:,.0f} tokens/s" if r.tokens_per_s else r.error
         print(f"  {r.name}: {r.status} {figure} ({r.wall_s:.0f} s)", flush=True)
+        if r.profile:
+            print(f"    profile: {Path(r.profile_dir) / r.profile['trace']}", flush=True)
+        elif args.profile and r.status == "ok":
+            print(f"    {r.error}", flush=True)
 
     settings = bench.Settings(
-        overrides, args.config, args.nproc, args.warmup, args.steps, args.timeout
+        overrides, args.config, args.nproc, args.warmup, args.steps, args.timeout, args.profile
     )
     results = bench.run_bench(variants, out, settings, on_result=report)
     write_report(results, out, meta)

@@ -5,18 +5,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import NoReturn
 
+from zerofit.commands import plan_measure
+from zerofit.commands.plan_table import print_tables
 from zerofit.config import Config, load_config, save_config, with_fields
 from zerofit.errors import UserError
 from zerofit.limits import shown
 from zerofit.models.shape import ModelShape, shape_from_config, shape_from_hf_config
 from zerofit.planner.gpus import GPUS, find_gpu
 from zerofit.planner.memory import workload_for
-from zerofit.planner.plan import Option, closest, headroom_rule, plan, recommend, to_json
+from zerofit.planner.plan import (
+    Option,
+    batch_splits,
+    option_fields,
+    plan,
+    recommend,
+    to_json,
+)
 from zerofit.planner.shape import (
     Hardware,
     detect_hardware,
@@ -26,7 +35,8 @@ from zerofit.planner.shape import (
     parse_size,
     with_gpu,
 )
-from zerofit.planner.terms import GIB, Workload
+from zerofit.planner.terms import Workload
+from zerofit.sizes import gib, memory_fraction
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "say what fits, and recommend.",
     )
     add_arguments(p)
+    plan_measure.add_arguments(p)
     p.error = _one_line_error  # type: ignore[method-assign]
     p.set_defaults(run=run)
 
@@ -73,6 +84,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seq-len", metavar="N", help="default: config, else 2048")
     p.add_argument("--grad-accum", metavar="N", help="default: config, else 1")
+    p.add_argument(
+        "--global-batch",
+        metavar="N",
+        help="sequences per optimizer step, fixed: the planner picks each strategy's micro-batch "
+        "x accumulation (default: the config's train.global_batch_size)",
+    )
     p.add_argument("--gpus", metavar="N", help="GPUs per node (default: detected)")
     p.add_argument(
         "--gpu",
@@ -80,7 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"the card, for its memory, peak and bandwidths (default: detected): {', '.join(g.name for g in GPUS)}",
     )
     p.add_argument(
-        "--gpu-mem", help="memory per GPU, e.g. 40GiB, 80GB (default: --gpu's, else detected)"
+        "--gpu-mem",
+        help="memory per GPU, e.g. 40GiB, 80GB (default: the config's train.gpu_memory_limit, "
+        "else --gpu's, else detected)",
     )
     p.add_argument(
         "--peak-tflops",
@@ -98,13 +117,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--measure",
         default="0",
         metavar="K",
-        help="run the K best fitting strategies for a few steps and compare memory",
+        help="run K fitting strategies (one per family first) here; compare memory and speed",
     )
     p.add_argument("--all", action="store_true", help="list every strategy (default: the 12 best)")
 
 
 COUNTS = ("layers", "dim", "heads", "kv_heads", "ffn", "vocab", "micro_batch", "seq_len")
-COUNTS += ("grad_accum", "gpus", "nodes")
+COUNTS += ("grad_accum", "global_batch", "gpus", "nodes")
 
 
 def _size(flag: str, text: str | None, positive: bool = False) -> int | None:
@@ -178,16 +197,24 @@ def _model_and_base(args: argparse.Namespace) -> tuple[ModelShape, Config]:
     return shape, base
 
 
-def _hardware(args: argparse.Namespace) -> Hardware:
+def _hardware(
+    args: argparse.Namespace, limit: int | None = None
+) -> tuple[Hardware, Hardware | None]:
     """The machine planned for: detected here, with every flag given replacing what it names;
-    the host RAM always known when this machine says it (detected when --cpu-mem is not given)."""
+    the host RAM always known when this machine says it (detected when --cpu-mem is not given);
+    the GPU memory --gpu-mem's, else the config's train.gpu_memory_limit (`limit`: refused above
+    the card detected here), else the card's. Returns it and the machine detected (or None)."""
     found = detect_hardware()
+    if args.gpu_mem is None and limit is not None and found is not None and args.gpu is None:
+        memory_fraction(limit, found.gpu_mem, found.name)  # as the run would refuse it
+    memory = args.gpu_mem or limit
+    memory_from = "--gpu-mem" if args.gpu_mem else "train.gpu_memory_limit"
     if args.gpus is None and found is None:
         raise UserError(
             "no GPU detected here: give --gpus N and --gpu-mem SIZE or --gpu NAME "
             "(e.g. --gpus 8 --gpu-mem 80GB, or --gpus 2 --gpu 'RTX 4090')"
         )
-    if args.gpu_mem is None and args.gpu is None and found is None:
+    if memory is None and args.gpu is None and found is None:
         raise UserError("no GPU detected here: give --gpu-mem SIZE or --gpu NAME too")
     hw = found or Hardware(gpus_per_node=args.gpus, gpu_mem=0)
     if args.gpu is not None:
@@ -202,15 +229,17 @@ def _hardware(args: argparse.Namespace) -> Hardware:
     else:
         ram = host_ram()
         ram_from = "detected" if ram is not None else "unknown"
-    return replace(
+    planned = replace(
         hw,
         gpus_per_node=args.gpus or hw.gpus_per_node,
-        gpu_mem=args.gpu_mem or hw.gpu_mem,
+        gpu_mem=memory or hw.gpu_mem,
+        gpu_mem_from=memory_from if memory else "card",
         cpu_mem=ram,
         cpu_mem_from=ram_from,
         nvme=args.nvme if args.nvme is not None else hw.nvme,
         nodes=args.nodes,
     )
+    return planned, found
 
 
 def _workload(args: argparse.Namespace, base: Config, hw: Hardware) -> Workload:
@@ -230,149 +259,87 @@ def _workload(args: argparse.Namespace, base: Config, hw: Hardware) -> Workload:
     )
 
 
-def recommended_config(base: Config, w: Workload, option: Option) -> Config:
-    fields = {
+def recommended_config(
+    base: Config, w: Workload, option: Option, extra: dict[str, object] | None = None
+) -> Config:
+    """`base` with the option's strategy, micro-batch x accumulation, seq_len and dtypes (and
+    `extra` fields: a fixed global batch, a GPU memory cap)."""
+    fields: dict[str, object] = {
         "model.seq_len": w.seq_len,
         "train.micro_batch_size": w.micro_batch_size,
         "train.grad_accum_steps": w.grad_accum_steps,
     }
     fields |= {"precision.mode": w.compute_dtype, "precision.master_dtype": w.master_dtype}
-    return with_fields(base, fields | option.strategy.overrides())
+    return with_fields(base, fields | option_fields(option) | (extra or {}))
 
 
-COLUMNS = ("strategy", "params", "grads", "optim", "activ", "logits", "buffers", "overhead")
-COLUMNS += ("GPU total", "host/GPU", "fits", "step s", "tok/s", "MFU")
-COMPONENTS = ("parameters", "gradients", "optimizer_states", "activations", "logits", "buffers")
-COMPONENTS += ("overhead",)
-
-
-def _row(o: Option) -> list[str]:
-    c = o.memory.components()
-    return [
-        o.strategy.label,
-        *(f"{c[k] / GIB:.1f}" for k in COMPONENTS),
-        f"{o.memory.peak_reserved / GIB:.1f}",
-        f"{o.memory.host / GIB:.1f}",
-        "yes" if o.fits else "no",
-        f"{o.speed.step_time:.2f}",
-        f"{o.speed.tokens_per_s:,.0f}",
-        f"{100 * o.speed.mfu:.0f}%",
-    ]
-
-
-def _verdict(options: list[Option]) -> str:
-    best = recommend(options)
-    if best is None:
-        near = closest(options)
-        return (
-            f"[bold red]nothing fits[/]: the closest is {near.strategy.label} "
-            f"({near.why_not}). Lower the micro-batch or seq_len, add GPUs, or add host RAM "
-            "/ NVMe for offload."
+def _written_cap(
+    args: argparse.Namespace, found: Hardware | None, base: Config
+) -> tuple[dict[str, object], str]:
+    """`train.gpu_memory_limit` of the written config, and what to say about it: --gpu-mem X on
+    a machine whose GPUs are larger carries X, so that a run here rehearses the card planned
+    for; an explicit --gpu-mem replaces the config's own limit (dropped where the GPUs here are
+    no larger: nothing to cap)."""
+    planned, here = args.gpu_mem, found.gpu_mem if found is not None else None
+    if planned is None:
+        return {}, ""
+    key = "train.gpu_memory_limit"
+    if here is not None and planned < here:
+        return {key: planned}, (
+            f"; {key}: {gib(planned)} since this machine's GPUs have {gib(here)}: a run here is "
+            "capped at the memory planned for, a faithful rehearsal"
         )
-    return (
-        f"[bold green]recommended:[/] {best.strategy.label}: "
-        f"{best.memory.peak_reserved / GIB:.1f} GiB per GPU, ~{best.speed.tokens_per_s:,.0f} tokens/s"
-    )
+    old = base.train.gpu_memory_limit
+    if old is None or old == planned:
+        return {}, ""
+    if here is None:
+        note = f"; {key}: {gib(planned)} (--gpu-mem) replaces the config's {gib(old)}"
+        return {key: planned}, note
+    return {key: None}, f"; {key} removed: the GPUs here have {gib(here)}, no more than --gpu-mem"
 
 
-def _gpu_words(hw: Hardware) -> str:
-    figures = f"{hw.peak_flops / 1e12:,.0f} TFLOP/s bf16, {hw.mem_bw / 1e9:,.0f} GB/s memory"
-    if hw.gpu_from == "assumed":
-        return (
-            f"GPU not named: speed assumes an H200's {figures} (give --gpu NAME or --peak-tflops)"
-        )
-    return f"{hw.name} ({hw.gpu_from}): {figures}"
-
-
-def _host_words(hw: Hardware) -> str:
-    if hw.cpu_mem is None:
-        return "host RAM unknown (give --cpu-mem): offload cannot fit"
-    where = {"given": "given", "detected": "detected here"}.get(hw.cpu_mem_from, hw.cpu_mem_from)
-    return f"host RAM {hw.cpu_mem / GIB:,.0f} GiB per node ({where})"
-
-
-def _print_tables(
-    m: ModelShape, w: Workload, hw: Hardware, options: list[Option], show_all: bool
+def _write(
+    args: argparse.Namespace,
+    base: Config,
+    w: Workload,
+    best: Option | None,
+    found: Hardware | None,
+    global_batch: int | None,
 ) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    console = Console(width=max(console.width, 170))  # a wide table reads better wrapped
-    title = (
-        f"{m.name}: {m.num_params / 1e9:.2f}B params, micro-batch {w.micro_batch_size} x seq "
-        f"{w.seq_len}, {hw.world_size} x {hw.gpu_mem / GIB:.1f} GiB, {w.compute_dtype} compute / "
-        f"{w.master_dtype} master"
-    )
-    if w.lora:
-        title += (
-            f"; LoRA r={w.lora.rank}: {w.lora.params / 1e6:.3g}M adapter params train, the base is "
-            f"frozen in {w.compute_dtype}"
+    """--write: the recommended configuration, and one line saying what was written."""
+    if best is None:
+        raise UserError("nothing fits, so there is no configuration to write")
+    extra, note = _written_cap(args, found, base)
+    if global_batch is not None and best.workload is not None:
+        extra["train.global_batch_size"] = global_batch
+        note = (
+            f"; micro-batch {best.workload.micro_batch_size} x accumulation "
+            f"{best.workload.grad_accum_steps} x {w.world_size} GPUs = global batch "
+            f"{global_batch}{note}"
         )
-    title += f"\n{_gpu_words(hw)}; {_host_words(hw)}"
-    table = Table(title=title)
-    for col in COLUMNS:
-        table.add_column(col, justify="left" if col == "strategy" else "right")
-    for o in options if show_all else options[:12]:
-        table.add_row(*_row(o))
-    console.print(table)
-    console.print(
-        "GiB per GPU; GPU total = peak allocated + CUDA context + fragmentation. Speed: roofline "
-        "(see zerofit/planner/speed.py)."
-    )
-    console.print(headroom_rule(hw), soft_wrap=True)
-    console.print(_verdict(options))
-
-
-def measure(base: Config, w: Workload, options: list[Option], k: int) -> list[dict]:
-    """Run the k best fitting strategies for a few steps on this machine; predicted vs measured."""
-    from zerofit import runner
-
-    rows = []
-    for o in [o for o in options if o.fits][:k]:
-        cfg = with_fields(recommended_config(base, w, o), {"train.steps": 4, "log.every": 1})
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "cfg.yaml"
-            save_config(cfg, path)
-            got = runner.train(
-                Path(tmp) / "run", runner.MEASURE_ONLY, Path(tmp) / "log", str(path), w.world_size
-            )
-            failed = None if got.ok else got.log().strip().splitlines()[-1:]
-        measured = (got.summary or {}).get("mem_alloc_gib")
-        predicted = o.memory.peak_allocated / GIB
-        error = predicted / measured - 1 if measured else None
-        rows.append(
-            {
-                "strategy": o.strategy.label,
-                "predicted_gib": predicted,
-                "measured_gib": measured,
-                "error": error,
-                "failed": failed,
-            }
-        )
-        seen = f"{measured:7.2f} GiB   error {100 * error:+.1f}%" if error is not None else "failed"
-        print(
-            f"{o.strategy.label:<40} predicted {predicted:7.2f} GiB   measured {seen}", flush=True
-        )
-    return rows
+    save_config(recommended_config(base, w, best, extra), args.write)
+    print(f"wrote {args.write}{note}")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     args = _numbers(args)
+    measuring = plan_measure.settings(args)  # checked before anything runs
     shape, base = _model_and_base(args)
-    hw = _hardware(args)
+    hw, found = _hardware(args, base.train.gpu_memory_limit)
     w = _workload(args, base, hw)
-    options = plan(shape, w, hw, base)
+    fixed = args.global_batch or base.train.global_batch_size
+    splits = None
+    if fixed is not None:
+        splits = batch_splits(fixed, hw.world_size, args.micro_batch, args.grad_accum)
+    options = plan(shape, w, hw, base, splits)
     if args.json:
-        print(json.dumps(to_json(shape, w, hw, options), indent=1))
+        print(json.dumps(to_json(shape, w, hw, options, fixed), indent=1))
     else:
-        _print_tables(shape, w, hw, options, args.all)
+        print_tables(shape, w, hw, options, args.all, fixed)
     best = recommend(options)
     if args.write:
-        if best is None:
-            raise UserError("nothing fits, so there is no configuration to write")
-        save_config(recommended_config(base, w, best), args.write)
-        print(f"wrote {args.write}")
-    if args.measure:
-        measure(base, w, options, args.measure)
+        _write(args, base, w, best, found, fixed)
+    if measuring:
+        config_of = partial(recommended_config, base, w)
+        plan_measure.measure(measuring, args.json, shape, w, hw, options, config_of)
     return 0

@@ -20,6 +20,60 @@ from torch import nn
 IGNORE_INDEX = -100
 
 
+# Set by `zerofit.parallelize.apply_compile` (parallel.compile: true): each chunk's softmax and its
+# gradient then run as one compiled kernel instead of half a dozen passes over fp32 logits.
+COMPILE_CHUNKS = False
+_compiled: dict[str, object] = {}
+
+
+def softmax_grad(
+    logits: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One chunk, written for the compiler: (sum of the valid losses, their count, the unscaled
+    gradient of the logits, softmax - onehot on valid rows, in the logits' dtype)."""
+    x = logits.float()
+    valid = targets != IGNORE_INDEX
+    safe = targets.clamp(min=0)
+    lse = torch.logsumexp(x, dim=-1)
+    picked = x.gather(1, safe[:, None]).squeeze(1)
+    loss = torch.where(valid, lse - picked, 0.0).sum()
+    onehot = torch.arange(x.shape[1], device=x.device)[None, :] == safe[:, None]
+    g = (torch.exp(x - lse[:, None]) - onehot.to(x.dtype)) * valid[:, None]
+    return loss, valid.sum(), g.to(logits.dtype)
+
+
+def _softmax_grad_eager(
+    logits: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`softmax_grad` in place on one fp32 copy of the logits: the least memory without a compiler."""
+    x = logits.float()
+    valid = targets != IGNORE_INDEX
+    safe = targets.clamp(min=0)
+    lse = torch.logsumexp(x, dim=-1)
+    picked = x.gather(1, safe[:, None]).squeeze(1)
+    loss = torch.where(valid, lse - picked, 0.0).sum()
+    probs = x.sub_(lse[:, None]).exp_()  # softmax, in place
+    probs.scatter_add_(1, safe[:, None], torch.full_like(picked[:, None], -1.0))
+    probs.mul_(valid[:, None])
+    return loss, valid.sum(), probs.to(logits.dtype)
+
+
+def _chunk_fn():  # noqa: ANN202
+    if not COMPILE_CHUNKS:
+        return _softmax_grad_eager
+    if "fn" not in _compiled:
+        _compiled["fn"] = torch.compile(softmax_grad, fullgraph=True, dynamic=False)
+    return _compiled["fn"]
+
+
+def _accumulate_grad_w(grad_w: torch.Tensor, g: torch.Tensor, hc: torch.Tensor) -> torch.Tensor:
+    """grad_w (fp32) + g.T @ hc. On CUDA the product is accumulated in fp32 by the GEMM itself
+    (``addmm`` with an fp32 output from bf16/fp16 inputs); elsewhere via a cast."""
+    if grad_w.is_cuda and g.dtype in (torch.bfloat16, torch.float16):
+        return torch.ops.aten.addmm.dtype(grad_w, g.t(), hc.to(g.dtype), torch.float32)
+    return grad_w.add_(torch.matmul(g.t(), hc.to(g.dtype)).float())
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -38,26 +92,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
         )
         total = torch.zeros((), dtype=torch.float32, device=h.device)
         count = torch.zeros((), dtype=torch.float32, device=h.device)
+        fn = _chunk_fn()
         for start in range(0, n_tokens, chunk):
             hc, tc = h[start : start + chunk], targets[start : start + chunk]
-            logits = torch.matmul(hc, weight.t()).float()  # [c, V]: the only full-vocab buffer
-            valid = tc != IGNORE_INDEX
-            safe = tc.clamp(min=0)
-            lse = torch.logsumexp(logits, dim=-1)
-            picked = logits.gather(1, safe[:, None]).squeeze(1)
-            total += torch.where(valid, lse - picked, 0.0).sum()
-            count += valid.sum()
-            if grad_h is None and grad_w is None:
-                continue
-            probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place
-            probs.scatter_add_(1, safe[:, None], torch.full_like(picked[:, None], -1.0))
-            probs.mul_(valid[:, None])
-            g = probs.to(hc.dtype)
-            del logits, probs
+            logits = torch.matmul(hc, weight.t())  # [c, V]: the only full-vocab buffer
+            loss, n, g = fn(logits, tc)
+            total += loss
+            count += n
+            del logits
             if grad_h is not None:
                 grad_h[start : start + chunk] = torch.matmul(g, weight.to(g.dtype))
             if grad_w is not None:
-                grad_w += torch.matmul(g.t(), hc.to(g.dtype)).float()
+                grad_w = _accumulate_grad_w(grad_w, g, hc)
         count = count.clamp(min=1)
         ctx.save_for_backward(grad_h, grad_w, count)
         ctx.weight_dtype = weight.dtype

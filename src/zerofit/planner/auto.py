@@ -1,4 +1,9 @@
-"""`parallel.backend: auto`: the planner picks the strategy for this machine before launch."""
+"""`parallel.backend: auto`: the planner picks the strategy for this machine before launch.
+
+It plans for `train.gpu_memory_limit` when the config caps the GPUs (refused before launch when
+the cap is above the card), and with `train.global_batch_size` fixed it picks the micro-batch x
+accumulation (and the engine's tunings, such as DeepSpeed's offload_ratio) as `zerofit plan` does.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,17 @@ from zerofit.config import Config, with_fields
 from zerofit.errors import UserError
 from zerofit.models.shape import shape_from_config
 from zerofit.planner.memory import workload_for
-from zerofit.planner.plan import closest, plan, recommend
-from zerofit.planner.shape import detect_hardware
+from zerofit.planner.plan import batch_splits, closest, option_fields, plan, recommend
+from zerofit.planner.shape import Hardware, detect_hardware
+from zerofit.sizes import gib, memory_fraction
+
+
+def capped(hw: Hardware, limit: int | None) -> Hardware:
+    """`hw` with each GPU's memory at `train.gpu_memory_limit` (UserError above the card)."""
+    if limit is None:
+        return hw
+    memory_fraction(limit, hw.gpu_mem, hw.name)
+    return replace(hw, gpu_mem=limit, gpu_mem_from="train.gpu_memory_limit")
 
 
 def resolve_auto(cfg: Config, world_size: int) -> Config:
@@ -22,15 +36,29 @@ def resolve_auto(cfg: Config, world_size: int) -> Config:
         gpus_per_node=min(hw.gpus_per_node, world_size),
         nodes=max(1, world_size // hw.gpus_per_node),
     )
-    options = plan(shape_from_config(cfg), workload_for(cfg, world_size), hw, cfg)
+    hw = capped(hw, cfg.train.gpu_memory_limit)
+    fixed = cfg.train.global_batch_size
+    splits = batch_splits(fixed, world_size) if fixed is not None else None
+    options = plan(shape_from_config(cfg), workload_for(cfg, world_size), hw, cfg, splits)
     best = recommend(options)
     if best is None:
         near = closest(options)
         raise UserError(
             f"parallel.backend auto: nothing fits; the closest is {near.strategy.label} ({near.why_not})"
         )
+    fields = option_fields(best) if splits is not None else best.strategy.overrides()
+    batch = ""
+    if splits is not None:
+        batch = (
+            f" at micro-batch {fields['train.micro_batch_size']} x accumulation "
+            f"{fields['train.grad_accum_steps']} (global batch {fixed})"
+        )
+    where = (
+        f" of the {gib(hw.gpu_mem)} train.gpu_memory_limit" if cfg.train.gpu_memory_limit else ""
+    )
     print(
-        f"parallel.backend auto: {best.strategy.label} (predicted {best.memory.peak_reserved / 2**30:.1f} GiB per GPU)",
+        f"parallel.backend auto: {best.strategy.label}{batch} (predicted "
+        f"{best.memory.peak_reserved / 2**30:.1f} GiB per GPU{where})",
         flush=True,
     )
-    return with_fields(cfg, best.strategy.overrides())
+    return with_fields(cfg, fields)

@@ -17,6 +17,10 @@ over, e_c / e_m / e_o / e_r = bytes of the compute, master, optimizer-state and 
   the low-precision cast (T x V x (8 + e_c)): large for 128K vocabularies;
 - buffers: engine working memory (FSDP units gathered in flight with prefetch and the root's
   unsharded head gradient; DeepSpeed buckets and gathered ZeRO-3 params; DDP autocast weight casts);
+  with `precision.fp8: tensorwise` FSDP gathers the blocks' Linear weights in float8, 1 byte per
+  parameter instead of e_c (`Workload.e_g`), and with any fp8 recipe DDP's autocast caches no copy
+  of them; float8 leaves the saved activations as they are (torchao saves each Linear's
+  high-precision input and weight and casts them again in backward);
 - overhead (reserved, not allocated): CUDA context and the caching allocator's fragmentation;
 - host RAM: offloaded states and staging buffers, and while loading, one full fp32 tensor per rank.
 
@@ -108,6 +112,7 @@ def workload_for(cfg: Config, world_size: int, device_type: str = "cuda") -> Wor
         p.reduce_dtype or "fp32",
         loss_chunk=cfg.model.loss_chunk,
         lora=adapters_for(cfg),
+        fp8=p.fp8,
     )
 
 

@@ -13,14 +13,23 @@ What "fits" means (`headroom_rule` says it in words, with the numbers):
   data loader and the pinned-memory limits need the rest). The host RAM is always checked: with
   none known (`Hardware.cpu_mem` None) an offloading strategy does not fit.
 - NVMe: what NVMe offload writes, within the given space.
+
+With a fixed global batch (`train.global_batch_size`, `zerofit plan --global-batch`), each strategy
+comes with its own micro-batch x accumulation (x the world size = the global batch, the micro-batch
+a divisor of the per-rank share) and its engine's tunings (`Engine.tunings`: DeepSpeed's
+offload_ratio): of those that fit, the fastest forecast, and of equally fast ones the largest
+micro-batch. Memory only grows with the micro-batch, so the largest that fits is found by bisection.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from zerofit.backends import engines
+from zerofit.errors import UserError
 from zerofit.models.shape import ModelShape
 from zerofit.planner.memory import CUDA_CONTEXT, FRAGMENTATION, Memory, Strategy, estimate
 from zerofit.planner.shape import Hardware
@@ -30,6 +39,8 @@ from zerofit.schema import Config
 
 HEADROOM = 0.10  # share of GPU memory kept free (see the module docstring)
 HOST_SHARE = 0.85  # share of host RAM usable for offload
+MAX_MICRO_BATCH = 2**20  # train.micro_batch_size and grad_accum_steps: the schema's bound
+MAX_SPLITS = 32  # fitting micro-batch sizes compared per strategy variant (the largest ones)
 
 
 @dataclass
@@ -39,6 +50,7 @@ class Option:
     speed: Speed
     fits: bool
     why_not: str = ""
+    workload: Workload | None = None  # what it was evaluated at (its micro-batch x accumulation)
 
 
 def candidates(hw: Hardware, base: Config | None = None) -> list[Strategy]:
@@ -116,13 +128,119 @@ def evaluate(m: ModelShape, w: Workload, hw: Hardware, s: Strategy) -> Option:
         reasons.append(host)
     if mem.nvme and mem.nvme * hw.gpus_per_node > hw.nvme:
         reasons.append(f"needs {mem.nvme * hw.gpus_per_node / 1e12:.2f} TB NVMe")
-    return Option(s, mem, speed, not reasons, "; ".join(reasons))
+    return Option(s, mem, speed, not reasons, "; ".join(reasons), w)
 
 
-def plan(m: ModelShape, w: Workload, hw: Hardware, base: Config | None = None) -> list[Option]:
-    """All options, fitting ones first, fastest first."""
-    opts = [evaluate(m, w, hw, s) for s in candidates(hw, base)]
+def batch_splits(
+    global_batch: int, world_size: int, micro: int | None = None, accum: int | None = None
+) -> list[tuple[int, int]]:
+    """Every (micro-batch, accumulation) with micro x accum x world_size = global_batch (only
+    those with the `micro` or `accum` given), the largest micro-batch first; UserError when the
+    global batch does not split so over the ranks."""
+    if global_batch % world_size:
+        raise UserError(
+            f"a global batch of {global_batch:,} sequences does not split over {world_size} GPUs: "
+            f"give a multiple of {world_size}"
+        )
+    per_rank = global_batch // world_size
+    small = [d for d in range(1, math.isqrt(per_rank) + 1) if per_rank % d == 0]
+    divisors = sorted({*small, *(per_rank // d for d in small)}, reverse=True)
+    splits = [(d, per_rank // d) for d in divisors]
+    splits = [(mb, acc) for mb, acc in splits if mb <= MAX_MICRO_BATCH >= acc]
+    if not splits:
+        raise UserError(
+            f"a global batch of {global_batch:,} sequences over {world_size} GPUs needs more than "
+            f"{MAX_MICRO_BATCH:,} micro-batches of at most {MAX_MICRO_BATCH:,} sequences"
+        )
+    kept = [(mb, acc) for mb, acc in splits if micro in (None, mb) and accum in (None, acc)]
+    if not kept:
+        given = " and ".join(
+            f"{what} {n}" for what, n in (("micro-batch", micro), ("accumulation", accum)) if n
+        )
+        raise UserError(
+            f"a global batch of {global_batch:,} sequences over {world_size} GPUs is "
+            f"{per_rank:,} per GPU: {given} does not make it (micro-batch x accumulation = "
+            f"{per_rank:,})"
+        )
+    return kept
+
+
+def _largest_fitting(count: int, at: Callable[[int], Option]) -> int | None:
+    """The first index (the largest micro-batch) of splits whose option fits, by bisection:
+    a larger micro-batch never needs less memory. None when even the smallest does not fit."""
+    lo, hi = 0, count
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if at(mid).fits:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo if lo < count else None
+
+
+def _variant(
+    m: ModelShape, w: Workload, hw: Hardware, s: Strategy, splits: list[tuple[int, int]]
+) -> tuple[list[Option], Option]:
+    """One strategy variant: its options at the (up to MAX_SPLITS) largest micro-batches that fit,
+    and its option at the smallest micro-batch (the nearest it comes when none fits)."""
+    seen: dict[int, Option] = {}
+
+    def at(i: int) -> Option:
+        if i not in seen:
+            mb, acc = splits[i]
+            seen[i] = evaluate(m, replace(w, micro_batch_size=mb, grad_accum_steps=acc), hw, s)
+        return seen[i]
+
+    first = _largest_fitting(len(splits), at)
+    if first is None:
+        return [], at(len(splits) - 1)
+    last = min(first + MAX_SPLITS, len(splits))
+    return [o for i in range(first, last) if (o := at(i)).fits], at(len(splits) - 1)
+
+
+def fastest_split(
+    m: ModelShape, w: Workload, hw: Hardware, s: Strategy, splits: list[tuple[int, int]]
+) -> Option:
+    """Strategy `s` at the fastest fitting micro-batch x accumulation of `splits` and engine
+    tuning; when none fits, the variant needing the least GPU memory at the smallest micro-batch."""
+    fitting: list[Option] = []
+    nearest: list[Option] = []
+    for opts in s.engine.tunings(s.options):
+        fits, near = _variant(m, w, hw, replace(s, options=opts), splits)
+        fitting += fits
+        nearest.append(near)
+    if not fitting:
+        return min(nearest, key=lambda o: o.memory.peak_reserved)
+    quickest = min(o.speed.step_time for o in fitting)
+    tied = [o for o in fitting if o.speed.step_time <= quickest * (1 + 1e-9)]
+    return max(tied, key=lambda o: o.workload.micro_batch_size if o.workload else 0)
+
+
+def plan(
+    m: ModelShape,
+    w: Workload,
+    hw: Hardware,
+    base: Config | None = None,
+    splits: list[tuple[int, int]] | None = None,
+) -> list[Option]:
+    """All options, fitting ones first, fastest first. With `splits` (a fixed global batch's
+    `batch_splits`) each strategy at its own micro-batch x accumulation and tuning
+    (`fastest_split`); without, at `w`'s."""
+    if splits is None:
+        opts = [evaluate(m, w, hw, s) for s in candidates(hw, base)]
+    else:
+        opts = [fastest_split(m, w, hw, s, splits) for s in candidates(hw, base)]
     return sorted(opts, key=lambda o: (not o.fits, o.speed.step_time, o.memory.peak_reserved))
+
+
+def option_fields(o: Option) -> dict[str, object]:
+    """The config fields that select an option: its strategy's, and its micro-batch x
+    accumulation."""
+    fields = o.strategy.overrides()
+    if o.workload is not None:
+        fields["train.micro_batch_size"] = o.workload.micro_batch_size
+        fields["train.grad_accum_steps"] = o.workload.grad_accum_steps
+    return fields
 
 
 def recommend(options: list[Option]) -> Option | None:
@@ -135,7 +253,13 @@ def closest(options: list[Option]) -> Option:
     return min(options, key=lambda o: o.memory.peak_reserved)
 
 
-def to_json(m: ModelShape, w: Workload, hw: Hardware, options: list[Option]) -> dict[str, Any]:
+def to_json(
+    m: ModelShape,
+    w: Workload,
+    hw: Hardware,
+    options: list[Option],
+    global_batch: int | None = None,
+) -> dict[str, Any]:
     gib = 2**30
     best = recommend(options)
     return {
@@ -151,8 +275,10 @@ def to_json(m: ModelShape, w: Workload, hw: Hardware, options: list[Option]) -> 
             "seq_len": w.seq_len,
             "world_size": w.world_size,
             "grad_accum_steps": w.grad_accum_steps,
+            "global_batch_size": global_batch,
             "compute_dtype": w.compute_dtype,
             "master_dtype": w.master_dtype,
+            "fp8": w.fp8,
             "lora": asdict(w.lora) if w.lora else None,
         },
         "hardware": {
@@ -161,6 +287,7 @@ def to_json(m: ModelShape, w: Workload, hw: Hardware, options: list[Option]) -> 
             "gpu": hw.name,
             "gpu_from": hw.gpu_from,
             "gpu_mem_gib": hw.gpu_mem / gib,
+            "gpu_mem_from": hw.gpu_mem_from,
             "peak_tflops": hw.peak_flops / 1e12,
             "mem_bw_gbs": hw.mem_bw / 1e9,
             "intra_bw_gbs": hw.intra_bw / 1e9,
@@ -170,23 +297,27 @@ def to_json(m: ModelShape, w: Workload, hw: Hardware, options: list[Option]) -> 
             "nvme_tb": hw.nvme / 1e12,
         },
         "headroom": headroom(hw),
-        "options": [
-            {
-                "strategy": o.strategy.label,
-                "config": o.strategy.overrides(),
-                "fits": o.fits,
-                "why_not": o.why_not,
-                "gpu_gib": {k: v / gib for k, v in o.memory.components().items()},
-                "peak_allocated_gib": o.memory.peak_allocated / gib,
-                "peak_reserved_gib": o.memory.peak_reserved / gib,
-                "host_gib_per_gpu": o.memory.host / gib,
-                "nvme_gib_per_gpu": o.memory.nvme / gib,
-                "host_gib_per_gpu_while_loading": o.memory.loading_host / gib,
-                "step_time_s": o.speed.step_time,
-                "tokens_per_s": o.speed.tokens_per_s,
-                "mfu": o.speed.mfu,
-            }
-            for o in options
-        ],
+        "options": [option_json(o, w) for o in options],
         "recommendation": best.strategy.label if best else None,
+    }
+
+
+def option_json(o: Option, w: Workload) -> dict[str, Any]:
+    """One option in `zerofit plan --json` (GiB; its own micro-batch x accumulation, else `w`'s)."""
+    return {
+        "strategy": o.strategy.label,
+        "config": o.strategy.overrides(),
+        "micro_batch_size": (o.workload or w).micro_batch_size,
+        "grad_accum_steps": (o.workload or w).grad_accum_steps,
+        "fits": o.fits,
+        "why_not": o.why_not,
+        "gpu_gib": {k: v / GIB for k, v in o.memory.components().items()},
+        "peak_allocated_gib": o.memory.peak_allocated / GIB,
+        "peak_reserved_gib": o.memory.peak_reserved / GIB,
+        "host_gib_per_gpu": o.memory.host / GIB,
+        "nvme_gib_per_gpu": o.memory.nvme / GIB,
+        "host_gib_per_gpu_while_loading": o.memory.loading_host / GIB,
+        "step_time_s": o.speed.step_time,
+        "tokens_per_s": o.speed.tokens_per_s,
+        "mfu": o.speed.mfu,
     }

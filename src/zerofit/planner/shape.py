@@ -22,23 +22,9 @@ from zerofit.models.shape import (  # noqa: F401  re-exported until the planner 
     shape_from_preset,
 )
 from zerofit.planner.gpus import GPU, gpu_named
+from zerofit.sizes import parse_size  # noqa: F401  re-exported: the plan command reads sizes
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGTP]?)(i?)B?\s*$", re.IGNORECASE)
 MAX_COUNT = 10**9  # the largest count a flag takes (GPUs, layers, tokens, ...)
-
-
-def parse_size(text: str) -> int:
-    """'40GiB' -> bytes (binary), '2TB' -> bytes (decimal), '512G' -> GiB. Zero is a size;
-    negative, NaN, inf and words are not (UserError)."""
-    m = _SIZE.match(text)
-    value = float(m.group(1)) if m else math.nan
-    if not math.isfinite(value):
-        problem = "a size cannot be negative" if text.strip().startswith("-") else "cannot read"
-        raise UserError(f"{problem}: {shown(text)} (examples: 40GiB, 80GB, 2TB)")
-    unit, binary = m.group(2).upper(), m.group(3)
-    power = " KMGTP".index(unit) if unit else 0
-    base = 1024 if (binary or (unit and not text.strip().upper().endswith("B"))) else 1000
-    return int(value * base**power)
 
 
 def parse_count(flag: str, text: str | None, minimum: int = 1) -> int | None:
@@ -82,6 +68,8 @@ class Hardware:
     name: str = "GPU"
     gpu_from: str = "assumed"  # where the card's figures come from: detected | --gpu | assumed
     cpu_mem_from: str = "given"  # where cpu_mem comes from: given | detected | unknown
+    # where gpu_mem comes from: card | --gpu-mem | train.gpu_memory_limit
+    gpu_mem_from: str = "card"
 
     @property
     def world_size(self) -> int:

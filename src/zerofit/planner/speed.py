@@ -18,6 +18,16 @@ The efficiency constants come from zerofit's own H200 measurements (docs/benchma
 and ZeRO-3 55.9%, so efficiency scales by 1 + WIDTH_GAIN x log2(hidden / 2048), clipped. They are
 leads, not laws: `zerofit plan --measure` checks a prediction against a real run.
 
+FP8 (`precision.fp8`, `Workload.fp8`): the decoder blocks' Linear layers multiply in float8, whose
+dense peak is FP8_PEAK x the bf16 peak on Hopper and Ada (datasheets); the output layer, attention's
+score and value products and every other op stay in bf16. The float8 share of the FLOPs (`fp8_share`)
+runs FP8_GAIN times faster compiled, FP8_EAGER_GAIN eager, where the dynamic-scaling casts (amax,
+scale, cast of each input, weight and output gradient) run as separate kernels. Both gains are
+leads, UNMEASURED by zerofit until a run on the H200: torchao reports 1.2-1.5x end-to-end at 8B
+compiled, which FP8_GAIN = 1.4 on an ~87% float8 share reproduces (1.33x at llama3-8b, seq 2048).
+Whether the card has float8 tensor cores is not checked here (a run refuses one without).
+MFU stays relative to the bf16 peak.
+
 The GPU is an input (`Hardware`, from `zerofit.planner.gpus` or detected): its dense bf16 peak sets
 the compute time, its link the communication, its PCIe generation the offload copies. Its memory
 bandwidth scales the MEMORY_BOUND share of compute time spent in bandwidth-bound kernels (norms,
@@ -41,6 +51,9 @@ WIDTH_GAIN = 0.24  # per doubling of the hidden size
 OVERLAP = 0.8
 MEMORY_BOUND = 0.2  # share of the H200's compute time in bandwidth-bound kernels
 REFERENCE_FLOPS_PER_BYTE = 989.4e12 / 4.8e12  # the H200: dense bf16 peak / memory bandwidth
+FP8_PEAK = 2.0  # dense float8 / dense bf16 peak, Hopper and Ada (the ceiling of any fp8 gain)
+FP8_GAIN = 1.4  # float8 Linear time / bf16 Linear time, compiled: a lead, unmeasured by zerofit
+FP8_EAGER_GAIN = 1.1  # the same eager (unfused casts): a lead, unmeasured by zerofit
 
 
 @dataclass
@@ -77,6 +90,22 @@ def flops_per_token(m: ModelShape, w: Workload) -> float:
     return flops
 
 
+def fp8_share(m: ModelShape, w: Workload) -> float:
+    """Share of the training FLOPs in Linear layers that compute in float8: every decoder block's
+    weights but its two norms (none without `precision.fp8`)."""
+    if w.fp8 == "none":
+        return 0.0
+    linear = 6.0 * m.n_layers * max(0, m.block_params - 2 * m.dim)
+    return min(1.0, linear / flops_per_token(m, w))
+
+
+def fp8_time_factor(m: ModelShape, w: Workload, compiled: bool) -> float:
+    """Compute time with float8 Linear layers relative to bf16 (1.0 without fp8)."""
+    gain = FP8_GAIN if compiled else FP8_EAGER_GAIN
+    share = fp8_share(m, w)
+    return 1.0 - share + share / gain
+
+
 def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
     W = w.world_size
     tokens_step = w.tokens * w.grad_accum_steps * W
@@ -84,6 +113,7 @@ def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
     # full AC runs the forward twice; selective AC only re-runs the cheap elementwise ops
     recompute = {"full": 4 / 3, "selective": 1.03}.get(s.activation_checkpointing, 1.0)
     compute = flops * recompute * bandwidth_factor(hw) / (W * hw.peak_flops * efficiency(s, m.dim))
+    compute *= fp8_time_factor(m, w, s.compile)
     bw = hw.inter_bw if hw.nodes > 1 else hw.intra_bw
     comm = s.engine.traffic(m, w, s.options).per_rank / bw
     exposed = max(0.0, comm - OVERLAP * compute)

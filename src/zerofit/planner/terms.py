@@ -1,7 +1,8 @@
 """The quantities every engine's planner terms are written in (no config, no torch).
 
 Conventions (bytes; P = parameters, T = micro_batch x seq_len tokens, e_c / e_m / e_r = bytes of
-the compute, master (and optimizer-state) and reduction dtypes). See `zerofit.planner.memory` for
+the compute, master (and optimizer-state) and reduction dtypes, e_g of a block parameter FSDP
+all-gathers: e_c, or 1 under tensorwise float8 all-gather). See `zerofit.planner.memory` for
 how the components add up to a peak, and `zerofit.planner.speed` for the roofline.
 """
 
@@ -42,6 +43,7 @@ class Workload:
     allgather_bucket_size: int = 500_000_000
     loss_chunk: int = 4096  # tokens per chunk of the fused head + loss (0: full logits)
     lora: Adapters | None = None  # LoRA: what trains instead of the whole model
+    fp8: str = "none"  # precision.fp8: none | tensorwise | rowwise (block Linear layers in float8)
 
     def trained(self, params: int) -> int:
         """Parameters that train, of a base of ``params``: all, or with LoRA the adapters."""
@@ -66,6 +68,13 @@ class Workload:
     @property
     def e_r(self) -> int:
         return BYTES[self.reduce_dtype]
+
+    @property
+    def e_g(self) -> int:
+        """Bytes per decoder-block parameter all-gathered (FSDP): 1 where tensorwise float8 casts
+        the Linear weights before the all-gather (their scales and the norms are negligible),
+        else the compute dtype's. The root (embedding, output layer) gathers in e_c."""
+        return 1 if self.fp8 == "tensorwise" else self.e_c
 
 
 @dataclass

@@ -9,6 +9,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from zerofit import fp8
 from zerofit.backends.base import materialize_from_spec
 from zerofit.backends.torch_common import TorchBackend, build_adamw, cast_frozen_, trainable
 from zerofit.models import ModelSpec
@@ -21,6 +22,7 @@ class DDPBackend(TorchBackend):
     def setup(self, spec: ModelSpec, init_seed: int) -> None:
         module = spec.module.to(self.master_dtype)
         cast_frozen_(module, self.param_dtype)  # a LoRA base: stored as it is computed
+        fp8.convert(module, self.precision.fp8, self.ctx.device, fsdp_all_gather=False)
         blocks = get_blocks(module, spec.blocks_path)
         apply_ac(blocks, self.parallel.activation_checkpointing, self.parallel.ac_every)
         if self.parallel.compile:

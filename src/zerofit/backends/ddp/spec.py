@@ -27,12 +27,15 @@ class DDP(Engine):
         P = m.num_params
         T, F = w.trained(P), w.frozen(P)  # LoRA: adapters train, the base is frozen in e_c
         mixed = w.e_c != w.e_m
+        cached = T if w.lora else P - m.embedding_params
+        if w.fp8 != "none":  # float8 Linear layers cast their own weights, outside autocast's cache
+            cached -= m.n_layers * max(0, m.block_params - 2 * m.dim)
         mem = EngineMemory(
             parameters=T * w.e_m + F * w.e_c,
             optimizer_states=2 * T * w.e_m,
             gradients=T * w.e_m,
             # autocast's cached low-precision copies of the master-dtype weights
-            buffers=(T if w.lora else P - m.embedding_params) * w.e_c if mixed else 0.0,
+            buffers=cached * w.e_c if mixed else 0.0,
             persistent_grads=w.grad_accum_steps > 1,
         )
         if w.world_size > 1:

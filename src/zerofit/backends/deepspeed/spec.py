@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 # param and moments written); 42 GB/s per node fits the 13B run (bf16 states, 16 cores).
 CPU_ADAM_BW = 42e9
 NVME_BW = 3e9  # bytes/s per node
+RATIO_STEP = 0.05  # the planner's steps of offload_ratio
 
 
 def fp16_supported() -> bool:
@@ -47,6 +48,13 @@ class DeepSpeed(Engine):
     plan_keys = ("stage", "offload_optimizer", "offload_param", "offload_ratio")
     efficiency = 0.30  # eager, hidden 2048 (llama3-1b on an H200)
     compile_gain = 1.54
+
+    def validate(self, cfg: Config) -> None:
+        if cfg.precision.fp8 != "none":
+            raise UserError(
+                f"precision.fp8={cfg.precision.fp8}: DeepSpeed has no float8 path in zerofit; use "
+                "parallel.backend=fsdp (or precision.fp8: none)"
+            )
 
     def prepare(self, cfg: Config, world_size: int, device_type: str) -> Config:
         from zerofit.backends.deepspeed.ds_json import merge_user_json
@@ -87,6 +95,15 @@ class DeepSpeed(Engine):
         if nvme:
             out.append(replace(plain, offload_optimizer="nvme", offload_param="cpu"))
         return out
+
+    def tunings(self, opts: DeepSpeedOptions) -> list[DeepSpeedOptions]:
+        """Optimizer offload at stage 3, parameters on the GPU: every offload_ratio in steps of
+        RATIO_STEP (the planner takes the fastest that fits: the smallest share on the CPU, since
+        the GPU-resident part of the optimizer is faster)."""
+        if opts.stage != 3 or opts.offload_optimizer != "cpu" or opts.offload_param != "none":
+            return [opts]
+        n = round(1 / RATIO_STEP)
+        return [replace(opts, offload_ratio=round(i / n, 4)) for i in range(1, n + 1)]
 
     def label(self, opts: DeepSpeedOptions) -> str:
         name = f"ZeRO-{opts.stage}"

@@ -4,23 +4,30 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from torch.distributed.fsdp import FSDPModule
 
-from zerofit.backends.base import materialize_from_spec
+from zerofit import fp8
+from zerofit.backends.base import Gate, materialize_from_spec
 from zerofit.backends.torch_common import TorchBackend, build_adamw, cast_frozen_
+from zerofit.faults.nonfinite import StepResult
 from zerofit.models import ModelSpec
 from zerofit.parallelize import apply_ac, apply_compile, apply_fsdp, get_blocks
 
 
 class FSDPBackend(TorchBackend):
     name = "fsdp"
+    fp8_scales = False  # tensorwise float8: precompute the all-gather scales after each update
 
     def setup(self, spec: ModelSpec, init_seed: int) -> None:
         p, f = self.parallel, self.parallel.fsdp
         module = spec.module.to(self.master_dtype)  # on meta: a dtype change only
         cast_frozen_(module, self.param_dtype)  # a LoRA base: stored as it is computed
+        # float8 matmuls first (torchtitan's order); tensorwise weights all-gather in float8
+        self.fp8_scales = self.precision.fp8 == "tensorwise"
+        fp8.convert(module, self.precision.fp8, self.ctx.device, self.fp8_scales)
         blocks = get_blocks(module, spec.blocks_path)
         apply_ac(blocks, p.activation_checkpointing, p.ac_every)
         if p.compile:
@@ -42,6 +49,17 @@ class FSDPBackend(TorchBackend):
         self.model = module
         self.scaler = self.make_scaler()
         self.optimizer = build_adamw(module, self.optim_cfg, init_device)
+
+    def step(self, lr: float, loss: torch.Tensor, gate: Gate) -> StepResult:
+        result = super().step(lr, loss, gate)
+        if self.fp8_scales and result.applied:  # the next all-gathers cast the new weights
+            fp8.precompute_scales(self.model)
+        return result
+
+    def restore(self, path: Path, saved: dict) -> None:
+        super().restore(path, saved)
+        if self.fp8_scales:  # scales of the loaded weights, as an uninterrupted run has them
+            fp8.precompute_scales(self.model)
 
     def reduce_dtype_in_use(self) -> torch.dtype:
         """FSDP2 reduces in reduce_dtype, else in the dtype the gradients were computed in (read

@@ -52,11 +52,12 @@ class FSDP(Engine):
         P, S = m.num_params, w.world_size // opts.replicate_degree
         T, F = w.trained(P), w.frozen(P)  # LoRA: adapters train, the base is frozen in e_c
         gathered = (2 * m.block_params + m.root_params) if opts.reshard_after_forward else P
+        blocks = 2 if opts.reshard_after_forward else m.n_layers  # of which in decoder blocks
         head_grad = 0 if w.lora else m.vocab_size * m.dim  # a LoRA head is frozen
         mem = EngineMemory(
             gradients=T * w.e_m / S,
-            # units gathered in flight + the root's unsharded output-head gradient
-            buffers=(gathered + head_grad) * w.e_c,
+            # units gathered in flight (block weights in e_g) + the root's unsharded head gradient
+            buffers=(gathered + head_grad) * w.e_c - blocks * m.block_params * (w.e_c - w.e_g),
             # the root's reduce-scatter: unsharded gradients + their reduce-dtype copy
             end_buffers=0 if w.lora else m.root_params * (w.e_c + w.e_r),
             buffers_at_end=False,
@@ -78,7 +79,8 @@ class FSDP(Engine):
     def traffic(self, m: ModelShape, w: Workload, opts: FSDPOptions) -> Traffic:
         P, group = m.num_params, w.world_size // opts.replicate_degree
         T = w.trained(P)
-        volume = (2 * P * w.e_c * w.grad_accum_steps + T * w.e_r) if group > 1 else 0.0
+        gathered = P * w.e_c - m.n_layers * m.block_params * (w.e_c - w.e_g)  # bytes per pass
+        volume = (2 * gathered * w.grad_accum_steps + T * w.e_r) if group > 1 else 0.0
         if opts.replicate_degree > 1:
             volume += 2 * T * w.e_r / group  # all-reduce of the shards across replicas
         return Traffic(volume, group)

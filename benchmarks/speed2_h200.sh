@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Issue 14 (speed round 2) on one H200 with `zerofit bench`, one phase per device call (<10 min):
+#   bash benchmarks/speed2_h200.sh PHASE OUT
+# Phases:
+#   c1    13B at lr 1e-4 for 25 steps (bf16 weights + AdamW states, no offload, full AC);
+#         8B fp32-master levers (micro-batch 4 with full AC; every-2nd-block AC at micro-batch 1);
+#         llama3-1b fp32-master: the chunked fused head vs full logits.
+#   c2    a 24 GB card rehearsed (train.gpu_memory_limit): `zerofit plan --gpu-mem 24GB --write`
+#         for 1.5B and 3.6B at a fixed global batch of 64 x 2048, then `zerofit bench` on what it
+#         wrote; FP8 (torchao tensorwise / rowwise) against bf16 on the 8B shape; llama3-1b, the
+#         built-in model against transformers' Llama of the same shape, profiled (--profile).
+#   c4    FP8 on the 8B shape, then the built-in model against transformers' Llama (c2's last two).
+#   c5    FP8 against bf16 at 1B for 300 steps (c3's second half).
+#   c3    the planner held out: `zerofit plan --measure` on 4 configurations no constant was fitted
+#         on; FP8 against bf16 at 1B for 300 steps (loss).
+# Every group's results.json, every run's metrics.jsonl and summary step losses, the plan outputs
+# and the profile tables go into OUT/all-results.json.
+set -uo pipefail
+phase=${1:?phase}
+root=${2:-bench-out}
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+bf16="precision.master_dtype=bf16"
+fp32="precision.master_dtype=fp32"
+z3="parallel.backend=deepspeed parallel.deepspeed.stage=3"
+E8=configs/bench/llama3-8b-seq4096.yaml
+E1=configs/bench/llama3-1b-seq2048.yaml
+
+bench() {  # out-subdir, per-variant timeout, warmup, steps, args...
+  local sub=$1 limit=$2 warmup=$3 steps=$4; shift 4
+  python3 -m zerofit.cli bench --warmup "$warmup" --steps "$steps" --timeout "$limit" \
+    --out "$root/$sub" "$@" 2>&1 | grep -v "^\[20" | grep -v "^[│┃┏┡└]"
+  tail -n +6 "$root/$sub/results.md" 2>/dev/null
+}
+prebuild() {  # DeepSpeed's fused/CPU Adam JIT-compile on first use: build them off the clock
+  python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder, CPUAdamBuilder; FusedAdamBuilder().load(); CPUAdamBuilder().load()" \
+    > "$root/prebuild.log" 2>&1
+}
+thirteen_b() {  # 13B: bf16 weights, gradients and AdamW states (8 B/param, 97 GiB), no offload
+  bench 13b 200 3 22 --model.preset 13b --model.seq_len 2048 --train.micro_batch_size 4 \
+    --train.grad_accum_steps 2 --precision.mode bf16 --$bf16 --data.max_tokens 1000000 \
+    --data.source stdlib --data.tokenizer byte --train.eval_every 0 --checkpoint.save_final false \
+    --parallel.activation_checkpointing full --parallel.compile true --optim.lr 1e-4 \
+    --optim.warmup_steps 2 --log.every 1 --model.loss_chunk 4096 \
+    --variant "ddp AC compile bf16-states: parallel.backend=ddp"
+}
+fp32_8b() {
+  bench 8b-fp32 150 2 6 -c $E8 \
+    --variant "fsdp fp32-states AC mbs4 ga1: parallel.backend=fsdp $fp32 parallel.activation_checkpointing=full train.micro_batch_size=4 train.grad_accum_steps=1" \
+    --variant "fsdp fp32-states AC every-2 mbs1 ga4: parallel.backend=fsdp $fp32 parallel.activation_checkpointing=every_k parallel.ac_every=2"
+}
+head_1b() {
+  bench 1b-head 90 2 8 -c $E1 \
+    --variant "fsdp chunked head mbs8: parallel.backend=fsdp" \
+    --variant "fsdp full logits mbs8: parallel.backend=fsdp model.loss_chunk=0"
+}
+
+pure="$bf16 precision.reduce_dtype=bf16"
+mb2="train.micro_batch_size=2 train.grad_accum_steps=2"
+common="data: {source: stdlib, tokenizer: byte, max_tokens: 3000000}
+train: {global_batch_size: 64, eval_every: 0}
+optim: {lr: 3.0e-4, warmup_steps: 2}
+precision: {mode: bf16, master_dtype: fp32}
+checkpoint: {save_final: false}"
+offload24() {  # plan for a 24 GB card at 64 x 2048 tokens per step, then train what it wrote
+  mkdir -p "$root/plans"
+  printf 'model: {preset: llama3-1b, seq_len: 2048}\n%s\nparallel: {compile: true}\n' "$common" > "$root/plans/1.5b.yaml"
+  printf 'model: {preset: llama3-1b, seq_len: 2048, overrides: {dim: 3072, n_layers: 28, n_heads: 24, n_kv_heads: 8, ffn_dim: 8192}}\n%s\nparallel: {compile: true}\n' "$common" > "$root/plans/3.6b.yaml"
+  for m in 1.5b 3.6b; do
+    python3 -m zerofit.cli plan -c "$root/plans/$m.yaml" --gpus 1 --gpu-mem 24GB --json > "$root/plans/$m-plan.json" 2> "$root/plans/$m-plan.err"
+    python3 -m zerofit.cli plan -c "$root/plans/$m.yaml" --gpus 1 --gpu-mem 24GB --write "$root/plans/$m-24gb.yaml" 2>&1 | tail -4
+    cat "$root/plans/$m-24gb.yaml"
+    bench "24gb-$m" 240 1 3 -c "$root/plans/$m-24gb.yaml" --variant "planned for 24GB: train.gpu_memory_limit=24GB"
+  done
+}
+fp8_8b() {
+  bench 8b-fp8 150 2 6 -c $E8 \
+    --variant "fsdp bf16 mbs2 ga2: parallel.backend=fsdp $pure $mb2" \
+    --variant "fsdp fp8 tensorwise mbs2 ga2: parallel.backend=fsdp $pure $mb2 precision.fp8=tensorwise" \
+    --variant "fsdp fp8 rowwise mbs2 ga2: parallel.backend=fsdp $pure $mb2 precision.fp8=rowwise"
+}
+builtin_vs_hf() {  # the same config; model.hf: a LlamaForCausalLM folder of llama3-1b's shape
+  python3 benchmarks/hf_shape.py llama3-1b "$root/hf-llama3-1b" >/dev/null
+  sed "s#preset: llama3-1b#hf: $root/hf-llama3-1b#" $E1 > "$root/hf-1b.yaml"
+  bench 1b-builtin 90 2 6 -c $E1 --profile --variant "built-in mbs8: parallel.backend=fsdp"
+  bench 1b-hf 120 2 6 -c "$root/hf-1b.yaml" --profile --variant "transformers Llama mbs8: parallel.backend=fsdp"
+}
+heldout() {  # no planner constant was fitted on these: 2 sizes x 2 seq lengths x 2 precisions
+  mkdir -p "$root/heldout"
+  printf 'model: {preset: llama3-1b, seq_len: 1024}\ntrain: {micro_batch_size: 4}\nprecision: {mode: bf16, master_dtype: bf16}\n' > "$root/heldout/a.yaml"
+  printf 'model: {preset: llama3-1b, seq_len: 2048}\ntrain: {micro_batch_size: 2}\nprecision: {mode: bf16, master_dtype: fp32}\n' > "$root/heldout/b.yaml"
+  printf 'model: {preset: llama3-1b, seq_len: 1024, overrides: {dim: 3072, n_layers: 28, n_heads: 24, n_kv_heads: 8, ffn_dim: 8192}}\ntrain: {micro_batch_size: 2}\nprecision: {mode: bf16, master_dtype: fp32}\n' > "$root/heldout/c.yaml"
+  printf 'model: {preset: llama3-1b, seq_len: 2048, overrides: {dim: 3072, n_layers: 28, n_heads: 24, n_kv_heads: 8, ffn_dim: 8192}}\ntrain: {micro_batch_size: 1}\nprecision: {mode: bf16, master_dtype: bf16}\n' > "$root/heldout/d.yaml"
+  for c in a b c d; do
+    echo "== held-out config $c"
+    python3 -m zerofit.cli plan -c "$root/heldout/$c.yaml" --gpus 1 --measure ${HELDOUT_K:-3} --measure-out "$root/heldout/$c-measured.json" 2>&1 | grep -v "^[┏┡└│┃]" | tail -8
+  done
+}
+fp8_loss_1b() {  # 300 steps on the same data: bf16 against FP8
+  bench 1b-fp8-loss 110 2 298 -c $E1 --train.micro_batch_size 4 --optim.warmup_steps 30 \
+    --variant "bf16: parallel.backend=fsdp" \
+    --variant "fp8 tensorwise: parallel.backend=fsdp precision.fp8=tensorwise"
+}
+bundle() {  # every result so far into one file (a device call returns only a few files)
+  python3 benchmarks/bundle_results.py "$root" "${BUNDLE:-$root/all-results.json}"
+}
+mkdir -p "$root"
+case $phase in
+c1) head_1b; thirteen_b; fp32_8b ;;
+c2) prebuild & offload24; wait; fp8_8b; builtin_vs_hf ;;
+c3) heldout; fp8_loss_1b ;;
+c4) fp8_8b; bundle; builtin_vs_hf; bundle ;;
+c5) fp8_loss_1b; bundle ;;
+*) echo "unknown phase $phase"; exit 2 ;;
+esac
+for log in "$root"/*/logs/*.log; do
+  [ -f "$log" ] || continue
+  grep -qE "^(error|Traceback)|Error" "$log" && { echo "== $log"; grep -v "^\[20" "$log" | grep -E "Error|error|Killed|memory" | tail -4 | cut -c1-400; }
+done
+bundle
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
