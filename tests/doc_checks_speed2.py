@@ -1,0 +1,186 @@
+"""test_doc_figures' checks for docs/benchmarks/2026-12-03-speed2-h200.md (issue 14's first H200
+figures): each table row, ratio and loss from the bundled raw data of the call it names."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "data"
+DOC = "docs/benchmarks/2026-12-03-speed2-h200.md"
+S2 = "2026-12-03-speed2-h200/"
+C1, C4, C5 = S2 + "c1-all-results.json", S2 + "c4-all-results.json", S2 + "c5-all-results.json"
+C2_15, C2_36 = S2 + "c2/24gb-1.5b-results.json", S2 + "c2/24gb-3.6b-results.json"
+PLAN_15 = S2 + "c2/1.5b-plan-a87e507.json"  # that commit's planner, on the call's config and host
+
+
+def _load(rel: str) -> Any:
+    return json.loads((DATA / rel).read_text())
+
+
+def _runs(rel: str, group: str) -> dict[str, dict]:
+    """A call's bench group: variant name -> result."""
+    return {r["name"]: r for r in _load(rel)["results"][group]["results"]}
+
+
+def _row(r: dict) -> list:
+    return [r["tokens_per_s"], 100 * r["mfu"], r["step_time_s"], r["mem_alloc_gib"]]
+
+
+def _profile(variant_dir: str) -> dict:
+    return _load(C4)["files"][f"{variant_dir}/profile/summary.json"]
+
+
+def _losses(rel: str, run: str) -> list[float]:
+    return _load(rel)["step_losses"][f"{run}/summary.json"]
+
+
+def fp8_8b() -> dict[str, list]:
+    return {name: _row(r) for name, r in _runs(C4, "8b-fp8").items()}
+
+
+def fp8_8b_ratio() -> list[str]:
+    r = _runs(C4, "8b-fp8")
+    base = r["fsdp bf16 mbs2 ga2"]["tokens_per_s"]
+    tw = r["fsdp fp8 tensorwise mbs2 ga2"]["tokens_per_s"] / base
+    rw = r["fsdp fp8 rowwise mbs2 ga2"]["tokens_per_s"] / base
+    return [
+        f"tensorwise runs {tw:.3f}x and rowwise {rw:.3f}x zerofit's own bf16",
+        "the 1.25x goal is missed" if max(tw, rw) < 1.25 else "?",
+    ]
+
+
+def _tail_mean(run: str, n: int = 50) -> float:
+    losses = _losses(C5, run)
+    assert len(losses) == 300 and all(math.isfinite(x) for x in losses)
+    return sum(losses[-n:]) / n
+
+
+def fp8_loss() -> list[str]:
+    r = _runs(C5, "1b-fp8-loss")
+    bf, f8 = _tail_mean("1b-fp8-loss/00-bf16"), _tail_mean("1b-fp8-loss/01-fp8_tensorwise")
+    speed = r["fp8 tensorwise"]["tokens_per_s"] / r["bf16"]["tokens_per_s"]
+    return [
+        f"mean loss over steps 251-300: {bf:.4f} in bf16, {f8:.4f} with FP8 tensorwise "
+        f"({100 * (f8 / bf - 1):+.2f}%)",
+        "within the 1% goal" if abs(f8 / bf - 1) <= 0.01 else "?",
+        f"final step {r['bf16']['final_loss']:.4f} and {r['fp8 tensorwise']['final_loss']:.4f}",
+        f"{r['bf16']['tokens_per_s']:,.0f} against {r['fp8 tensorwise']['tokens_per_s']:,.0f} "
+        f"tokens/s ({speed:.3f}x)",
+    ]
+
+
+def builtin_hf() -> dict[str, list]:
+    b = _load(C4)["results"]
+    return {
+        "built-in Llama": _row(b["1b-builtin"]["results"][0]),
+        "transformers LlamaForCausalLM": _row(b["1b-hf"]["results"][0]),
+    }
+
+
+def builtin_hf_ratio() -> list[str]:
+    b = _load(C4)["results"]
+    ours, theirs = b["1b-builtin"]["results"][0], b["1b-hf"]["results"][0]
+    return [
+        f"the built-in model runs {ours['tokens_per_s'] / theirs['tokens_per_s']:.3f}x "
+        "transformers' Llama",
+        f"{100 * ours['mfu']:.1f}% MFU against the 55% goal",
+    ]
+
+
+def profile_table() -> dict[str, list]:
+    out = {}
+    for name, d in (("built-in", "1b-builtin/00-built-in_mbs8"), ("transformers", "1b-hf/00-transformers_Llama_mbs8")):  # fmt: skip
+        p = _profile(d)
+        b = p["breakdown"]
+        attn = sum(
+            k["total_ms"] for k in p["top"] if "bprop" in k["name"] or "flash_bwd" in k["name"]
+        )
+        out[name] = [p["wall_ms"] / p["steps"], *(100 * b[k] for k in ("compute", "optimizer", "host", "idle")), attn / p["steps"]]  # fmt: skip
+    return out
+
+
+def head_1b() -> dict[str, list]:
+    r = _runs(C1, "1b-head")
+    return {name: _row(v) for name, v in r.items()}
+
+
+def head_1b_ratio() -> list[str]:
+    r = _runs(C1, "1b-head")
+    full, chunked = r["fsdp full logits mbs8"], r["fsdp chunked head mbs8"]
+    return [
+        f"full logits ran {full['tokens_per_s'] / chunked['tokens_per_s']:.3f}x the chunked head"
+    ]
+
+
+def fp32_8b() -> dict[str, list]:
+    return {name: _row(v) for name, v in _runs(C1, "8b-fp32").items()}
+
+
+def thirteen_b() -> list[str]:
+    r = _runs(C1, "13b")["ddp AC compile bf16-states"]
+    window = _load(C1)["metrics"]["13b/00-ddp_AC_compile_bf16-states/metrics.jsonl"][0]
+    return [
+        f"{r['tokens_per_s']:,.0f} tokens/s ({100 * r['mfu']:.1f}% MFU) at {r['mem_alloc_gib']:.1f} GiB",
+        f"step 25's loss was {r['final_loss']:.3f}, the mean of steps 1-25 {window['loss']:.3f}",
+        f"ln(32000) = {math.log(32000):.2f}",
+        "above the 4,000 goal" if r["tokens_per_s"] >= 4000 else "?",
+    ]
+
+
+def rehearsal() -> list[str]:
+    one = _load(C2_15)["results"][0]
+    three = _load(C2_36)["results"][0]
+    assert three["status"] == "timeout"
+    o = _load(PLAN_15)["options"][0]
+    ratio = o["config"]["parallel.deepspeed.offload_ratio"]
+    assert o["config"]["parallel.compile"] is False  # the fault the doc names
+    return [
+        f"ZeRO-3 with {100 * ratio:.0f}% of the optimizer on the CPU at micro-batch "
+        f"{o['micro_batch_size']} x accumulation {o['grad_accum_steps']} and forecast "
+        f"{o['tokens_per_s']:,.0f} tokens/s",
+        f"measured {one['tokens_per_s']:,.0f} tokens/s ({100 * one['mfu']:.1f}% MFU), "
+        f"{one['step_time_s']:.2f} s a step, {one['mem_alloc_gib']:.1f} GiB peak allocated",
+    ]
+
+
+# name -> (data files, expected)
+SPEED2: dict[str, tuple[list[str], Callable[[], Any]]] = {
+    "s2-fp8-8b": ([C4], fp8_8b),
+    "s2-fp8-8b-ratio": ([C4], fp8_8b_ratio),
+    "s2-fp8-loss": ([C5], fp8_loss),
+    "s2-builtin-hf": ([C4], builtin_hf),
+    "s2-builtin-hf-ratio": ([C4], builtin_hf_ratio),
+    "s2-profile": ([C4], profile_table),
+    "s2-head": ([C1], head_1b),
+    "s2-head-ratio": ([C1], head_1b_ratio),
+    "s2-fp32-8b": ([C1], fp32_8b),
+    "s2-13b": ([C1], thirteen_b),
+    "s2-rehearsal": ([C2_15, C2_36, PLAN_15], rehearsal),
+}
+
+
+def readme_speed2() -> list[str]:
+    r8 = _runs(C4, "8b-fp8")
+    bf = r8["fsdp bf16 mbs2 ga2"]
+    b = _load(C4)["results"]
+    ours, theirs = b["1b-builtin"]["results"][0], b["1b-hf"]["results"][0]
+    r13 = _runs(C1, "13b")["ddp AC compile bf16-states"]
+    r32 = _runs(C1, "8b-fp32")["fsdp fp32-states AC mbs4 ga1"]
+    return [
+        f"bf16 weights and AdamW states run {bf['tokens_per_s']:,.0f} tokens/s "
+        f"({100 * bf['mfu']:.1f}% MFU)",
+        fp8_8b_ratio()[0],
+        fp8_loss()[0].split(": ", 1)[1].split(" (")[0].replace(" in bf16, ", " against "),
+        f"{ours['tokens_per_s']:,.0f} tokens/s ({100 * ours['mfu']:.1f}% MFU), "
+        f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.3f}x transformers' Llama",
+        f"with fp32 master weights and AdamW states {r32['tokens_per_s']:,.0f} "
+        f"({100 * r32['mfu']:.1f}%)",
+        f"13B trains at {r13['tokens_per_s']:,.0f} tokens/s ({100 * r13['mfu']:.1f}%)",
+    ]
+
+
+README_SPEED2 = ([C4, C5, C1], readme_speed2)
