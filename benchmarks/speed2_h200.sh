@@ -10,9 +10,10 @@
 #         wrote; FP8 (torchao tensorwise / rowwise) against bf16 on the 8B shape; llama3-1b, the
 #         built-in model against transformers' Llama of the same shape, profiled (--profile).
 #   c4    FP8 on the 8B shape, then the built-in model against transformers' Llama (c2's last two).
-#   c5    FP8 against bf16 at 1B for 300 steps (c3's second half).
-#   c3    the planner held out: `zerofit plan --measure` on 4 configurations no constant was fitted
-#         on; FP8 against bf16 at 1B for 300 steps (loss).
+#   c5    FP8 against bf16 at 1B for 300 steps (run on its own after c2 ran out of time).
+#   c3    the planner held out: `zerofit plan --measure` on 4 configurations no constant was fitted on.
+#   c6    c2's 24 GB rehearsal again (after the planner's offload fixes); ZeRO-3 against FSDP2 at 8B.
+#   c7    the GPU-only tests of this round (FP8, the fused head).
 # Every group's results.json, every run's metrics.jsonl and summary step losses, the plan outputs
 # and the profile tables go into OUT/all-results.json.
 set -uo pipefail
@@ -100,6 +101,16 @@ fp8_loss_1b() {  # 300 steps on the same data: bf16 against FP8
     --variant "bf16: parallel.backend=fsdp" \
     --variant "fp8 tensorwise: parallel.backend=fsdp precision.fp8=tensorwise"
 }
+zero3_8b() {  # ZeRO-3 against FSDP2 at 8B, bf16 weights/states, and a larger prefetch window
+  bench 8b-zero3 150 2 6 -c $E8 \
+    --variant "fsdp bf16 mbs2 ga2: parallel.backend=fsdp $pure $mb2" \
+    --variant "zero3 bf16 mbs2 ga2: $z3 $pure $mb2" \
+    --variant "zero3 bf16 mbs2 ga2 prefetch 2e8: $z3 $pure $mb2 parallel.deepspeed.prefetch_bucket_size=200000000 parallel.deepspeed.max_live_parameters=2000000000"
+}
+gpu_tests() {  # the GPU-only tests of this round: FP8 training and the fused head's kernels
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "fp8 or head or loss" > "$root/gpu-tests.txt" 2>&1
+  tail -5 "$root/gpu-tests.txt"
+}
 bundle() {  # every result so far into one file (a device call returns only a few files)
   python3 benchmarks/bundle_results.py "$root" "${BUNDLE:-$root/all-results.json}"
 }
@@ -107,7 +118,9 @@ mkdir -p "$root"
 case $phase in
 c1) head_1b; thirteen_b; fp32_8b ;;
 c2) prebuild & offload24; wait; fp8_8b; builtin_vs_hf ;;
-c3) heldout; fp8_loss_1b ;;
+c3) heldout; bundle ;;
+c6) prebuild & offload24; wait; bundle; zero3_8b; bundle ;;
+c7) gpu_tests; bundle ;;
 c4) fp8_8b; bundle; builtin_vs_hf; bundle ;;
 c5) fp8_loss_1b; bundle ;;
 *) echo "unknown phase $phase"; exit 2 ;;

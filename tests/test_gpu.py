@@ -5,7 +5,8 @@ Llama's peak memory against the built-in one of the same shape.
 Every test is marked `gpu`; tests/conftest.py skips them where torch.cuda.is_available() is false,
 so on a CPU they cost nothing. One GPU is enough (every run is `zerofit train --nproc 1`), and
 nothing beyond PyTorch is assumed except DeepSpeed for the ZeRO-3 test, transformers for the HF
-one and torchao for the fp8 one (each skipped without it; fp8 also below compute capability 8.9). On one H200 the module took about 3 minutes before the HF memory
+one and torchao for the fp8 one (each skipped without it; fp8 also below compute capability 8.9), and
+the fused head compiled on CUDA against plain cross-entropy. On one H200 the module took about 3 minutes before the HF memory
 test was added, mostly process start-up and Inductor compiling.
 """
 
@@ -405,3 +406,36 @@ def test_fp8_trains_like_bf16(tmp_path: Path) -> None:
         )
         assert got[FP8_STEPS] < got[1] - 1.5, got
         assert 0 < worst <= FP8_RTOL, {s: (ref[s], got[s]) for s in ref}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_compiled_fused_head_matches_plain_loss(
+    dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fused head as `parallel.compile` runs it on CUDA (each chunk one compiled kernel, the
+    weight gradient accumulated in fp32 by `addmm` with an fp32 output) against fp32
+    cross-entropy on materialised logits: same loss and gradients, to the compute dtype's
+    precision. A dropped chunk, a wrong onehot or a bf16 accumulation moves them by far more."""
+    import torch
+    import torch.nn.functional as F
+
+    from zerofit.models import loss as loss_mod
+
+    monkeypatch.setattr(loss_mod, "COMPILE_CHUNKS", True)
+    monkeypatch.setattr(loss_mod, "_compiled", {})
+    dt = getattr(torch, dtype)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    h = torch.randn(4, 1000, 256, device="cuda", generator=gen).to(dt).requires_grad_()
+    w = (0.05 * torch.randn(32000, 256, device="cuda", generator=gen)).to(dt).requires_grad_()
+    targets = torch.randint(0, 32000, (4, 1000), device="cuda", generator=gen)
+    targets[0, :100] = loss_mod.IGNORE_INDEX
+    got = loss_mod.linear_cross_entropy(h, w, targets, chunk=1024)  # 3 full chunks + a tail
+    got.backward()
+    gh, gw = h.grad.float(), w.grad.float()
+    hf, wf = h.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+    ref = F.cross_entropy((hf @ wf.t()).flatten(0, 1), targets.flatten(), ignore_index=-100)
+    ref.backward()
+    tol = {"bfloat16": 2e-2, "float32": 1e-4}[dtype]
+    torch.testing.assert_close(got.float(), ref, rtol=tol / 10, atol=0)
+    torch.testing.assert_close(gh, hf.grad, rtol=tol, atol=tol * hf.grad.abs().max().item())
+    torch.testing.assert_close(gw, wf.grad, rtol=tol, atol=tol * wf.grad.abs().max().item())
