@@ -5,7 +5,8 @@ predicted on one H200 and compared with the run's median tokens/s and peak alloc
 
 - **In-sample**: the runs the planner's constants were fitted on (`EFFICIENCY`/`COMPILE_GAIN` per
   engine, `WIDTH_GAIN`, the CPU Adam rate, the compiled-activation count), and later re-measurements
-  of the same configurations. Passing here shows the fit, not a forecast.
+  of the same configurations, and the 2026-12-03 24 GB rehearsal the offload terms were checked on.
+  Passing here shows the fit, not a forecast.
 - **Held-out**: runs used in no fit. Their errors are what to expect of a new configuration.
 - **Held-out `--measure-out` files**: every JSON that `zerofit plan --measure K --measure-out PATH`
   wrote under data/2026-12-0?-planner-heldout*/, one test per row (named `held-out:...`): each row
@@ -45,7 +46,32 @@ IN_SAMPLE = [  # (results.json, variant, speed tolerance): the fitted runs and t
     ("2026-12-03-house-h200/1b/results.json", "fsdp mbs8 ga2", 0.10),
     ("2026-12-03-house-h200/1b/results.json", "zero3 mbs8 ga2", 0.10),
     ("2026-12-03-house-h200/13b/results.json", "zero3 optim 50% cpu bf16-states", 0.20),
+    # The 24 GB rehearsal (ZeRO-3 optimizer offload at micro-batch 1 x 64, eager: the plan had
+    # dropped compile). In-sample: it is the run the per-micro-batch offload copies and DeepSpeed's
+    # sub-group placement were checked on (backends/deepspeed/spec.py); no constant was refitted.
+    ("2026-12-03-speed2-h200/c2/24gb-1.5b-results.json", "planned for 24GB", 0.20),
 ]
+# Runs whose config file was not kept (a path outside the repository): the fields it ran with.
+REBUILT = {
+    # what `zerofit plan --write` wrote (c2/1.5b-plan-a87e507.json, its first option), + the call's
+    "2026-12-03-speed2-h200/c2/24gb-1.5b-results.json": [
+        "model.preset=llama3-1b",
+        "model.seq_len=2048",
+        "model.loss_chunk=4096",
+        "train.micro_batch_size=1",
+        "train.grad_accum_steps=64",
+        "train.global_batch_size=64",
+        "precision.mode=bf16",
+        "precision.master_dtype=fp32",
+        "parallel.backend=deepspeed",
+        "parallel.activation_checkpointing=none",
+        "parallel.compile=false",
+        "parallel.deepspeed.stage=3",
+        "parallel.deepspeed.offload_optimizer=cpu",
+        "parallel.deepspeed.offload_param=none",
+        "parallel.deepspeed.offload_ratio=0.7",
+    ],
+}
 HELD_OUT = [  # (results.json, variant, stated speed error bound): in no fit
     ("2026-12-02-speed/first-call-8b-results.json", "fsdp bf16-states mbs1 ga4", 0.12),
     ("2026-12-02-speed/first-call-8b-results.json", "fsdp bf16-states mbs2 ga2", 0.12),
@@ -59,6 +85,9 @@ HELDOUT_TIME = plan_measure.TIME_BOUND  # 10%
 def replay(results: str, variant: str) -> tuple[object, dict]:
     """The config a bench variant ran with, and its measured result."""
     data = json.loads((DATA / results).read_text())
+    if results in REBUILT:
+        run = next(r for r in data["results"] if r["name"] == variant)
+        return load_config(None, [*REBUILT[results], *run["overrides"]]), run
     argv = shlex.split(data["meta"]["command"])[2:]  # after `zerofit bench`
     config, shared, i = None, [], 0
     while i < len(argv):
@@ -105,6 +134,24 @@ def test_replay_reads_the_run_it_names() -> None:
     cfg, run = replay("2026-12-02-speed/all-13b-results.json", "zero3 optim 50% cpu bf16-states")
     assert cfg.model.preset == "13b" and cfg.train.grad_accum_steps == 2
     assert cfg.parallel.deepspeed.offload_ratio == 0.5 and run["tokens_per_s"] > 0
+    cfg, run = replay("2026-12-03-speed2-h200/c2/24gb-1.5b-results.json", "planned for 24GB")
+    assert cfg.train.gpu_memory_limit == 24 * 10**9 and run["step_time_s"] > 15  # the call's cap
+    assert not cfg.parallel.compile and cfg.parallel.deepspeed.offload_ratio == 0.7
+
+
+def test_the_rebuilt_config_is_what_the_plan_wrote() -> None:
+    """REBUILT's fields against the plan the run was written from, where that file is kept."""
+    plan = DATA / "2026-12-03-speed2-h200/c2/1.5b-plan-a87e507.json"
+    if not plan.exists():
+        pytest.skip(f"{plan.name} is not in this checkout")
+    first = json.loads(plan.read_text())["options"][0]
+    rebuilt = REBUILT["2026-12-03-speed2-h200/c2/24gb-1.5b-results.json"]
+    fields = dict(f.split("=", 1) for f in rebuilt)
+    for key, value in first["config"].items():
+        expected = str(value).lower() if isinstance(value, bool) else str(value)
+        assert fields[key] == expected, key
+    assert fields["train.micro_batch_size"] == str(first["micro_batch_size"])
+    assert fields["train.grad_accum_steps"] == str(first["grad_accum_steps"])
 
 
 def heldout_rows(data: Path = DATA) -> list:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from zerofit.planner.terms import EngineMemory, Traffic, Workload
+from zerofit.planner.terms import EngineMemory, OffloadTime, Traffic, Workload
 
 if TYPE_CHECKING:
     from zerofit.backends.base import Backend
@@ -89,9 +89,10 @@ class Engine:
     def traffic(self, m: ModelShape, w: Workload, opts: Any) -> Traffic:
         raise NotImplementedError
 
-    def offload_seconds(self, m: ModelShape, w: Workload, opts: Any, hw: Hardware) -> float:
-        """Host-side optimizer and PCIe/NVMe time per step (0 without offload)."""
-        return 0.0
+    def offload_seconds(self, m: ModelShape, w: Workload, opts: Any, hw: Hardware) -> OffloadTime:
+        """Host-side optimizer and PCIe/NVMe time: per micro-batch and per optimizer step (none
+        without offload)."""
+        return OffloadTime()
 
     # ------------------------------------------------------------------ doctor
 

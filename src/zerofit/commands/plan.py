@@ -21,6 +21,7 @@ from zerofit.planner.memory import workload_for
 from zerofit.planner.plan import (
     Option,
     batch_splits,
+    left_out,
     option_fields,
     plan,
     recommend,
@@ -332,10 +333,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if fixed is not None:
         splits = batch_splits(fixed, hw.world_size, args.micro_batch, args.grad_accum)
     options = plan(shape, w, hw, base, splits)
+    refused = left_out(base)
     if args.json:
-        print(json.dumps(to_json(shape, w, hw, options, fixed), indent=1))
+        print(json.dumps(to_json(shape, w, hw, options, fixed, refused), indent=1))
     else:
-        print_tables(shape, w, hw, options, args.all, fixed)
+        print_tables(shape, w, hw, options, args.all, fixed, refused)
     best = recommend(options)
     if args.write:
         _write(args, base, w, best, found, fixed)

@@ -1,10 +1,11 @@
 """`zerofit plan`'s table: one row per strategy (memory by component, micro-batch x accumulation,
-speed), the workload and the machine in its title, then the "fits" rule and the verdict."""
+speed), the workload and the machine in its title, then the "fits" rule, the engines left out (those
+that refuse the config) and the verdict."""
 
 from __future__ import annotations
 
 from zerofit.models.shape import ModelShape
-from zerofit.planner.plan import Option, closest, headroom_rule, recommend
+from zerofit.planner.plan import Option, closest, headroom_rule, left_out_line, recommend
 from zerofit.planner.shape import Hardware
 from zerofit.planner.terms import GIB, Workload
 
@@ -98,6 +99,7 @@ def print_tables(
     options: list[Option],
     show_all: bool,
     global_batch: int | None = None,
+    refused: dict[str, str] | None = None,
 ) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -115,4 +117,6 @@ def print_tables(
         "(see zerofit/planner/speed.py)."
     )
     console.print(headroom_rule(hw), soft_wrap=True)
+    if refused:
+        console.print(left_out_line(refused), soft_wrap=True, markup=False)
     console.print(verdict(options, global_batch is not None))

@@ -3,6 +3,11 @@
 The recommendation is the fastest strategy that fits. Nothing is special-cased: the seed's decision
 guide (under 24 GB: ZeRO-3 + CPU offload; 40 GB and up: FSDP + bf16) has to come out of the numbers.
 
+The strategies (`candidates`): every engine's option sets, each without, with selective and with
+full activation checkpointing, all with the config's own `parallel.compile`. An engine whose
+`validate` refuses the config (DeepSpeed with `precision.fp8`) is left out (`left_out`), and the
+plan says so in one line.
+
 What "fits" means (`headroom_rule` says it in words, with the numbers):
 - GPU: the predicted total per GPU (peak allocated + the CUDA context + the allocator's
   fragmentation, `Memory.peak_reserved`) within 1 - HEADROOM of the GPU's memory. The HEADROOM
@@ -53,16 +58,42 @@ class Option:
     workload: Workload | None = None  # what it was evaluated at (its micro-batch x accumulation)
 
 
-def candidates(hw: Hardware, base: Config | None = None) -> list[Strategy]:
-    """Every engine's option sets (on top of `base`'s sections), without and with full activation
-    checkpointing."""
+AC_MODES = ("none", "selective", "full")  # activation checkpointing, least recompute first
+
+
+def left_out(base: Config | None = None) -> dict[str, str]:
+    """The engines that refuse `base` (their `validate` raises), each with its reason."""
     cfg = base or Config()
-    out: list[Strategy] = []
-    for ac in ("none", "full"):
-        for name, eng in engines().items():
-            for opts in eng.candidates(eng.opts(cfg), hw.nodes, bool(hw.nvme)):
-                out.append(Strategy(name, opts, activation_checkpointing=ac))
+    out: dict[str, str] = {}
+    for name, eng in engines().items():
+        try:
+            eng.validate(cfg)
+        except UserError as e:
+            out[name] = str(e)
     return out
+
+
+def candidates(hw: Hardware, base: Config | None = None) -> list[Strategy]:
+    """Every engine's option sets (on top of `base`'s sections), with each activation
+    checkpointing mode and `base`'s parallel.compile; engines that refuse `base` (`left_out`)
+    have none."""
+    cfg = base or Config()
+    refused = left_out(cfg)
+    out: list[Strategy] = []
+    for ac in AC_MODES:
+        for name, eng in engines().items():
+            if name in refused:
+                continue
+            for opts in eng.candidates(eng.opts(cfg), hw.nodes, bool(hw.nvme)):
+                out.append(Strategy(name, opts, ac, cfg.parallel.compile))
+    return out
+
+
+def left_out_line(refused: dict[str, str]) -> str:
+    """One line naming the engines left out and why ("" when none)."""
+    if not refused:
+        return ""
+    return "left out: " + "; ".join(f"{name} ({why})" for name, why in refused.items())
 
 
 def headroom(hw: Hardware) -> dict[str, float | None]:
@@ -259,6 +290,7 @@ def to_json(
     hw: Hardware,
     options: list[Option],
     global_batch: int | None = None,
+    refused: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     gib = 2**30
     best = recommend(options)
@@ -298,6 +330,7 @@ def to_json(
         },
         "headroom": headroom(hw),
         "options": [option_json(o, w) for o in options],
+        "left_out": dict(refused or {}),
         "recommendation": best.strategy.label if best else None,
     }
 

@@ -100,6 +100,17 @@ class EngineMemory:
 
 
 @dataclass(frozen=True)
+class OffloadTime:
+    """Seconds one rank spends on offload, split by how often it happens (see
+    `zerofit.planner.speed`): `micro_batch`, every micro-batch (PCIe copies of gradients and of
+    offloaded parameters, on a side stream that compute can hide), and `step`, once per optimizer
+    step after backward (the CPU optimizer and the copies around it, which nothing hides)."""
+
+    micro_batch: float = 0.0
+    step: float = 0.0
+
+
+@dataclass(frozen=True)
 class Traffic:
     """Bytes each rank moves per optimizer step through collectives, over a group of `group`."""
 

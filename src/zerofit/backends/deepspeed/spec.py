@@ -1,4 +1,26 @@
-"""DeepSpeed ZeRO as the planner, the doctor and the launcher see it (no torch or deepspeed here)."""
+"""DeepSpeed ZeRO as the planner, the doctor and the launcher see it (no torch or deepspeed here).
+
+Offload terms, from DeepSpeed 0.19.8's `runtime/zero/stage3.py` (the version the H200 runs used):
+- Where the optimizer lives (`cpu_share`). `offload_optimizer.ratio` does not split parameters: it
+  places whole optimizer sub-groups (`_create_fp16_partitions`: `subgroup_to_device`), the first
+  int((1 - ratio) x count) on the GPU, the rest on the CPU. Each param group (zerofit's two:
+  matrices with weight decay, then norms and biases) is cut into sub-groups of SUB_GROUP_SIZE
+  elements per rank (`_create_fp16_sub_groups`). llama3-1b on one GPU has three (1.00B, 0.50B,
+  the norms): a ratio over 2/3 offloads all of it, one from 1/3 to 2/3 the last two, a smaller
+  one the norms alone.
+- Every micro-batch (`OffloadTime.micro_batch`). With optimizer offload the gradient partitions
+  live in a pinned host buffer (`grad_partitions_flat_buffer` on `self.device`, the CPU), in
+  DeepSpeed's gradient-accumulation dtype, the compute dtype (zerofit sets no
+  `data_types.grad_accum_dtype`); each micro-batch `partition_grads` copies the rank's partition
+  to the GPU, adds the new gradient there and copies it back ("adding directly to cpu is very
+  slow"): 2 x local parameters x e_c over PCIe, for every parameter, whatever the ratio. With
+  parameter offload, each rank's bf16 partition is fetched in forward and again in backward:
+  2 x P / W x e_c more.
+- Once per step (`OffloadTime.step`): CPU Adam over the CPU share (CPU_ADAM_BW), that share's
+  gradient copied down in the master dtype (`_offload_grad_partition_at_boundary`) and its updated
+  parameters up in e_c (not with parameter offload: the partition is on the host already).
+PCIe runs at `Hardware.pcie_bw` (planner.gpus.HOST_LINK_BW for the card's generation).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from zerofit.backends.deepspeed.options import DeepSpeedOptions
 from zerofit.backends.engine import Engine
 from zerofit.errors import UserError
-from zerofit.planner.terms import BYTES, EngineMemory, Traffic, Workload
+from zerofit.planner.terms import BYTES, EngineMemory, OffloadTime, Traffic, Workload
 
 if TYPE_CHECKING:
     from zerofit.config import Config
@@ -20,6 +42,7 @@ if TYPE_CHECKING:
 CPU_ADAM_BW = 42e9
 NVME_BW = 3e9  # bytes/s per node
 RATIO_STEP = 0.05  # the planner's steps of offload_ratio
+SUB_GROUP_SIZE = 10**9  # zero_optimization.sub_group_size: DeepSpeed's default (zerofit sets none)
 
 
 def fp16_supported() -> bool:
@@ -36,6 +59,48 @@ def grad_bytes(w: Workload) -> int:
     """DeepSpeed's gradient partitions: bf16 with bf16 master weights
     (bf16_master_weights_and_grads), else the reduce dtype."""
     return BYTES[w.master_dtype] if w.master_dtype == "bf16" else w.e_r
+
+
+def decayed_matrices(m: ModelShape) -> list[int]:
+    """The parameters zerofit's AdamW decays (`torch_common.param_groups`: two dimensions and up),
+    in the model's order: the embedding, each block's q, k, v, o and three FFN matrices, the
+    output layer unless tied."""
+    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    block = [m.dim * q, m.dim * kv, m.dim * kv, q * m.dim, *[m.dim * m.ffn_dim] * 3]
+    head = [] if m.tied_embeddings else [m.embedding_params]
+    return [m.embedding_params, *block * m.n_layers, *head]
+
+
+def sub_groups(m: ModelShape, w: Workload) -> list[float]:
+    """Elements per rank of ZeRO-3's optimizer sub-groups, in order: each param group cut after
+    the parameter that brings a sub-group to SUB_GROUP_SIZE (LoRA: the adapters, one group)."""
+    if w.lora:
+        groups = [[w.lora.params / w.world_size]]
+    else:
+        matrices = [n / w.world_size for n in decayed_matrices(m)]
+        rest = max(0.0, m.num_params / w.world_size - sum(matrices))
+        groups = [matrices, [rest]] if rest else [matrices]
+    out: list[float] = []
+    for group in groups:
+        size = 0.0
+        for i, n in enumerate(group):
+            size += n
+            if size >= SUB_GROUP_SIZE or i == len(group) - 1:
+                out.append(size)
+                size = 0.0
+    return out
+
+
+def cpu_share(m: ModelShape, w: Workload, opts: DeepSpeedOptions) -> float:
+    """The share of the optimizer (master weights, moments, fp32 gradients) DeepSpeed keeps off
+    the GPU: whole sub-groups from int((1 - offload_ratio) x their count) on; 0 without offload."""
+    if opts.offload_optimizer == "none":
+        return 0.0
+    if opts.offload_optimizer != "cpu" or opts.stage != 3:
+        return 1.0
+    groups = sub_groups(m, w)
+    on_gpu = int((1 - opts.offload_ratio) * len(groups))  # as stage3._create_fp16_partitions
+    return sum(groups[on_gpu:]) / sum(groups)
 
 
 class DeepSpeed(Engine):
@@ -98,12 +163,14 @@ class DeepSpeed(Engine):
 
     def tunings(self, opts: DeepSpeedOptions) -> list[DeepSpeedOptions]:
         """Optimizer offload at stage 3, parameters on the GPU: every offload_ratio in steps of
-        RATIO_STEP (the planner takes the fastest that fits: the smallest share on the CPU, since
-        the GPU-resident part of the optimizer is faster)."""
+        RATIO_STEP, the largest first. The planner takes the fastest that fits (the least on the
+        CPU, since the GPU-resident part of the optimizer is faster); of ratios that place the
+        same sub-groups (`cpu_share`), so run alike, the first: the largest, whose label is the
+        closest to what DeepSpeed does."""
         if opts.stage != 3 or opts.offload_optimizer != "cpu" or opts.offload_param != "none":
             return [opts]
         n = round(1 / RATIO_STEP)
-        return [replace(opts, offload_ratio=round(i / n, 4)) for i in range(1, n + 1)]
+        return [replace(opts, offload_ratio=round(i / n, 4)) for i in range(n, 0, -1)]
 
     def label(self, opts: DeepSpeedOptions) -> str:
         name = f"ZeRO-{opts.stage}"
@@ -131,8 +198,8 @@ class DeepSpeed(Engine):
         elif stage in (1, 2) and W > 1:  # all-gather of the updated parameters
             gather = min(opts.allgather_bucket_size, T) if w.lora else opts.allgather_bucket_size
             mem.buffers += gather * w.e_c
-        if opts.offload_optimizer == "cpu":  # offload_ratio < 1: the rest stays on the GPU
-            r = opts.offload_ratio
+        if opts.offload_optimizer == "cpu":  # offload_ratio < 1: some sub-groups stay on the GPU
+            r = cpu_share(m, w, opts)
             mem.host += r * (opt + grads)
             opt, grads = (1 - r) * opt, (1 - r) * grads
         elif opts.offload_optimizer == "nvme":
@@ -155,20 +222,22 @@ class DeepSpeed(Engine):
 
     def offload_seconds(
         self, m: ModelShape, w: Workload, opts: DeepSpeedOptions, hw: Hardware
-    ) -> float:
-        local, gpus, seconds = w.trained(m.num_params) / w.world_size, hw.gpus_per_node, 0.0
+    ) -> OffloadTime:
+        """See the module docstring: per micro-batch the gradient partition's round trip (and the
+        offloaded parameters' fetches), per step CPU Adam and the copies around it."""
+        local, gpus = w.trained(m.num_params) / w.world_size, hw.gpus_per_node
+        micro, step = 0.0, 0.0
+        params_on_host = opts.stage == 3 and opts.offload_param != "none"
         if opts.offload_optimizer != "none":
-            moved = local * (opts.offload_ratio if opts.offload_optimizer == "cpu" else 1.0)
-            seconds += moved * gpus * 7 * w.e_m / CPU_ADAM_BW
-            seconds += moved * (grad_bytes(w) + w.e_c) / hw.pcie_bw
+            moved = local * cpu_share(m, w, opts)
+            micro += 2 * local * w.e_c / hw.pcie_bw  # to the GPU, accumulated, back to the host
+            step += moved * gpus * 7 * w.e_m / CPU_ADAM_BW
+            step += moved * (w.e_m + (0 if params_on_host else w.e_c)) / hw.pcie_bw
             if opts.offload_optimizer == "nvme":
-                seconds += 2 * local * gpus * 3 * w.e_m / NVME_BW
-        if opts.stage == 3 and opts.offload_param != "none":
-            # parameters streamed in for forward and backward, and out after the step (LoRA:
-            # the frozen base only in)
-            every = m.num_params / w.world_size
-            seconds += (2 * every + local) * w.e_c * w.world_size / hw.pcie_bw
-        return seconds
+                step += 2 * local * gpus * 3 * w.e_m / NVME_BW
+        if params_on_host:  # each rank fetches its partition in forward and again in backward
+            micro += 2 * m.num_params / w.world_size * w.e_c / hw.pcie_bw
+        return OffloadTime(micro, step)
 
     def shard_share(self, opts: DeepSpeedOptions, world_size: int) -> float:
         return 1 / world_size if opts.stage == 3 else 1.0

@@ -1,4 +1,18 @@
-"""FSDP2 as the planner, the doctor and the launcher see it (no torch here)."""
+"""FSDP2 as the planner, the doctor and the launcher see it (no torch here).
+
+CPU offload (`CPUOffloadPolicy`), from torch's `distributed/fsdp/_fully_shard` and zerofit's FSDP
+runtime:
+- Every micro-batch (`OffloadTime.micro_batch`): the sharded parameters live in host RAM in their
+  stored dtype and are copied to the GPU before each all-gather, then cast (`FSDPParam.
+  all_gather_inputs`): every block in forward and again in backward, but the last block (not
+  resharded after forward, `parallelize.apply_fsdp`) and the root (FSDP2 keeps the root unsharded
+  after forward) once.
+- Gradients: zerofit syncs them on the last micro-batch only (`set_requires_gradient_sync`), so
+  between syncs each rank accumulates the unsharded gradients on the GPU in the reduce dtype
+  (`to_accumulated_grad_if_needed`), offload or not, and the reduced shard goes to the host once
+  per step (`foreach_reduce`), where torch's AdamW updates it (TORCH_CPU_ADAM).
+PCIe runs at `Hardware.pcie_bw` (planner.gpus.HOST_LINK_BW for the card's generation).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from zerofit.backends.engine import Engine
 from zerofit.backends.fsdp.options import FSDPOptions
 from zerofit.errors import UserError
-from zerofit.planner.terms import EngineMemory, Traffic, Workload
+from zerofit.planner.terms import EngineMemory, OffloadTime, Traffic, Workload
 
 if TYPE_CHECKING:
     from zerofit.config import Config
@@ -64,6 +78,10 @@ class FSDP(Engine):
             persistent_grads=w.grad_accum_steps > 1,
         )
         weights = (T * w.e_m + F * w.e_c) / S
+        if mem.persistent_grads:
+            # Between syncs FSDP2 accumulates *unsharded* gradients (reduce dtype) on every rank,
+            # on the GPU with CPU offload too (the module docstring).
+            mem.held_grads = T * w.e_r
         if opts.cpu_offload:
             mem.host = weights + 3 * T * w.e_m / S  # + gradients and AdamW's two moments
             mem.gradients = 0.0
@@ -71,9 +89,6 @@ class FSDP(Engine):
         else:
             mem.parameters = weights
             mem.optimizer_states = 2 * T * w.e_m / S
-            if mem.persistent_grads:
-                # Between syncs FSDP2 accumulates *unsharded* gradients (reduce dtype) on every rank.
-                mem.held_grads = T * w.e_r
         return mem
 
     def traffic(self, m: ModelShape, w: Workload, opts: FSDPOptions) -> Traffic:
@@ -85,11 +100,20 @@ class FSDP(Engine):
             volume += 2 * T * w.e_r / group  # all-reduce of the shards across replicas
         return Traffic(volume, group)
 
-    def offload_seconds(self, m: ModelShape, w: Workload, opts: FSDPOptions, hw: Hardware) -> float:
+    def offload_seconds(
+        self, m: ModelShape, w: Workload, opts: FSDPOptions, hw: Hardware
+    ) -> OffloadTime:
+        """See the module docstring: per micro-batch the sharded parameters up for each
+        all-gather, per step the reduced gradient shard down and the CPU AdamW."""
         if not opts.cpu_offload:
-            return 0.0
-        local = w.trained(m.num_params) / w.world_size
-        return local * hw.gpus_per_node / TORCH_CPU_ADAM + local * 2 * w.e_m / hw.pcie_bw
+            return OffloadTime()
+        P, S = m.num_params, w.world_size // opts.replicate_degree
+        local = w.trained(P) / w.world_size
+        stored = (w.trained(P) * w.e_m + w.frozen(P) * w.e_c) / S  # bytes of a rank's shard
+        blocks = 2 * m.n_layers - 1 if opts.reshard_after_forward else m.n_layers
+        gathers = (blocks * m.block_params + m.root_params) / P  # full passes over the model
+        step = local * hw.gpus_per_node / TORCH_CPU_ADAM + local * w.e_m / hw.pcie_bw
+        return OffloadTime(gathers * stored / hw.pcie_bw, step)
 
     def shard_share(self, opts: FSDPOptions, world_size: int) -> float:
         return opts.replicate_degree / world_size
