@@ -217,3 +217,39 @@ def test_fp16_where_deepspeed_cannot_run_it_is_one_line(
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith("error: fp16 compute") and "use bf16 or fp32" in err[0], err
     assert not (tmp_path / "runs").exists()  # refused before the run directory
+
+
+PARTIAL = {"stage": 3, "offload_optimizer": "cpu", "offload_ratio": 0.5, "sub_group_size": 100_000}
+
+
+def test_partial_offload_trains_in_the_sub_groups_the_planner_counts(
+    fsdp_reference: dict[int, float], session_tmp: Path
+) -> None:
+    """offload_ratio 0.5 in 100,000-element sub-groups (Twin-Flow: the first half of the
+    sub-groups stepped by torch AdamW on the accelerator, here the CPU too, the rest by
+    DeepSpeedCPUAdam, which a CPU run now gets by default): the same losses as FSDP, and
+    DeepSpeed cut each rank's optimizer into exactly the sub-groups `spec.sub_groups` counts."""
+    import torch
+
+    from zerofit.backends.deepspeed.spec import sub_groups
+    from zerofit.config import load_config
+    from zerofit.models.shape import shape_from_config
+    from zerofit.planner.terms import Workload
+
+    extra = {"parallel": {"backend": "deepspeed", "deepspeed": {**PARTIAL, "pin_memory": False}}}
+    run = train_run(session_tmp, "zero3_partial_offload", extra, "--nproc", "2")
+    got = losses(run)
+    assert sorted(got) == sorted(fsdp_reference) and got[10] < 0.5 * got[1], got
+    worst = max(abs(got[s] - fsdp_reference[s]) / fsdp_reference[s] for s in got)
+    assert worst <= RTOL, {s: (fsdp_reference[s], got[s]) for s in got}
+    cfg = load_config(run / "config.yaml")
+    assert cfg.parallel.deepspeed.torch_adam is False  # the hybrid optimizer needs CPU Adam
+    planned = sub_groups(shape_from_config(cfg), Workload(4, 64, 2), PARTIAL["sub_group_size"])
+    assert len(planned) > 4  # several sub-groups: the ratio splits them
+    for rank in range(2):
+        path = next(run.glob(f"checkpoints/step_*/model/zero_pp_rank_{rank}_*optim_states.pt"))
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        zero = state["ds_config"]["zero_optimization"]
+        assert (zero["sub_group_size"], zero["offload_optimizer"]["ratio"]) == (100_000, 0.5)
+        flat = state["optimizer_state_dict"]["fp32_flat_groups"]
+        assert [t.numel() for t in flat] == planned, rank

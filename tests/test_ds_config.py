@@ -52,6 +52,11 @@ def test_every_deepspeed_option_has_a_row() -> None:
             "train.grad_accum_steps=4",
         ],
         ["optim.lr=2e-4", "optim.betas=[0.8, 0.99]", "parallel.deepspeed.reduce_bucket_size=12345"],
+        [
+            "parallel.deepspeed.offload_optimizer=cpu",
+            "parallel.deepspeed.offload_ratio=0.25",
+            "parallel.deepspeed.sub_group_size=100000000",
+        ],
     ],
 )
 def test_table_round_trips(tmp_path: Path, overrides: list[str]) -> None:
@@ -84,16 +89,36 @@ def test_seed_example_3_1_is_adopted() -> None:
 
 def test_seed_example_3_2_and_passthrough(tmp_path: Path) -> None:
     user = json.loads((SEED / "seed_buckets.json").read_text())
-    user["zero_optimization"]["sub_group_size"] = 1_000_000  # not in the table: passes through
+    user["zero_optimization"]["round_robin_gradients"] = True  # not in the table: passes through
+    user["zero_optimization"]["sub_group_size"] = 1e6  # in the table: adopted, as an int
     user["steps_per_print"] = 7
     path = tmp_path / "u.json"
     path.write_text(json.dumps(user))
     cfg = prepared([f"parallel.deepspeed.config={path}"])
     assert cfg.parallel.deepspeed.reduce_bucket_size == 200_000_000
+    assert cfg.parallel.deepspeed.sub_group_size == 1_000_000
     ds = to_ds_json(cfg, 2)
+    assert ds["zero_optimization"]["round_robin_gradients"] is True
     assert ds["zero_optimization"]["sub_group_size"] == 1_000_000
     assert ds["zero_optimization"]["allgather_bucket_size"] == 200_000_000
     assert ds["steps_per_print"] == 2**31 - 1  # owned by zerofit (it logs itself)
+
+
+def test_sub_group_size_reaches_deepspeed_at_stage_3() -> None:
+    """DeepSpeed's default (1e9 elements) unless set; written at stage 3 only, where ZeRO cuts
+    the optimizer into sub-groups (and offload_ratio places them)."""
+    zero = to_ds_json(prepared([]), 2)["zero_optimization"]
+    assert zero["sub_group_size"] == 1_000_000_000
+    fine = ["parallel.deepspeed.offload_optimizer=cpu", "parallel.deepspeed.offload_ratio=0.5"]
+    cfg = prepared([*fine, "parallel.deepspeed.sub_group_size=100000000"])
+    zero = to_ds_json(cfg, 2)["zero_optimization"]
+    assert (zero["sub_group_size"], zero["offload_optimizer"]["ratio"]) == (100_000_000, 0.5)
+    assert (
+        "sub_group_size"
+        not in to_ds_json(prepared(["parallel.deepspeed.stage=2"]), 2)["zero_optimization"]
+    )
+    with pytest.raises(UserError, match="sub_group_size"):
+        prepared(["parallel.deepspeed.sub_group_size=0"])
 
 
 @pytest.mark.parametrize(
@@ -136,6 +161,17 @@ def test_seed_example_3_2_and_passthrough(tmp_path: Path) -> None:
             [],
             "zero_optimization.stage='three' is not valid",
         ),
+        (
+            {"zero_optimization": {"sub_group_size": 100_000_000}},
+            ["parallel.deepspeed.sub_group_size=200000000"],
+            "parallel.deepspeed.sub_group_size=200000000 in the config but "
+            "zero_optimization.sub_group_size=100000000 in",
+        ),
+        (
+            {"zero_optimization": {"sub_group_size": "fine"}},
+            [],
+            "zero_optimization.sub_group_size='fine' is not valid",
+        ),
     ],
 )
 def test_conflicts_name_both_values(
@@ -164,3 +200,16 @@ def test_option_checks() -> None:
         prepared(["parallel.deepspeed.stage=2", "parallel.deepspeed.offload_param=cpu"])
     with pytest.raises(UserError, match="nvme offload needs parallel.deepspeed.nvme_path"):
         prepared(["parallel.deepspeed.offload_optimizer=nvme"])
+
+
+def test_partial_offload_steps_with_deepspeeds_cpu_adam() -> None:
+    """DeepSpeed's Twin-Flow steps its CPU share with DeepSpeedCPUAdam only (it asserts so in
+    initialize): with offload_ratio < 1 a CPU run too leaves torch_adam off; asked for, it is
+    refused before launch."""
+    offload = ["parallel.deepspeed.offload_optimizer=cpu"]
+    ratio = [*offload, "parallel.deepspeed.offload_ratio=0.5"]
+    assert prepared(ratio).parallel.deepspeed.torch_adam is False
+    assert prepared(offload).parallel.deepspeed.torch_adam is True  # CPU, whole offload
+    assert to_ds_json(prepared(ratio), 2)["optimizer"]["params"]["torch_adam"] is False
+    with pytest.raises(UserError, match="offload_ratio < 1 needs DeepSpeed's CPU Adam"):
+        prepared([*ratio, "parallel.deepspeed.torch_adam=true"])

@@ -261,8 +261,9 @@ def test_written_config_round_trips_with_the_choices(tmp_path: Path, capsys) -> 
     assert (first["micro_batch_size"], first["grad_accum_steps"]) == (4, 16)
     assert check_world(cfg, 1) == 1  # the batch arithmetic a run checks
     assert cfg.parallel.backend == "deepspeed" and ds.offload_optimizer == "cpu"
-    assert ds.offload_ratio == first["config"]["parallel.deepspeed.offload_ratio"] == 1.0
-    assert cfg.parallel.activation_checkpointing == "selective"
+    assert ds.offload_ratio == first["config"]["parallel.deepspeed.offload_ratio"] == 0.75
+    assert ds.sub_group_size == first["config"]["parallel.deepspeed.sub_group_size"] == 10**8
+    assert cfg.parallel.activation_checkpointing == "full"
     assert t.gpu_memory_limit is None  # no GPU here: nothing to rehearse on
 
 
@@ -271,7 +272,8 @@ def test_the_table_shows_micro_batch_x_accumulation(capsys) -> None:
     text = " ".join(capsys.readouterr().out.split())
     assert "global batch 64 x seq 2048 (micro-batch x accumulation per strategy)" in text
     assert "micro x acc" in text and "│ 4 x 16 │" in text and "│ 1 x 64 │" in text
-    assert "recommended: ZeRO-3 + optim->cpu + SAC at micro-batch 4 x accumulation 16" in text
+    best = "ZeRO-3 + optim 75%->cpu (100M sub-groups) + AC at micro-batch 4 x accumulation 16"
+    assert f"recommended: {best}" in text
 
 
 def test_plan_uses_the_configs_limit_and_global_batch(tmp_path: Path, capsys) -> None:

@@ -15,7 +15,16 @@ import pytest
 import yaml
 
 from zerofit.backends import get_engine
-from zerofit.backends.deepspeed.spec import CPU_ADAM_BW, cpu_share, decayed_matrices, sub_groups
+from zerofit.backends.deepspeed.ds_json import to_ds_json
+from zerofit.backends.deepspeed.options import DeepSpeedOptions
+from zerofit.backends.deepspeed.spec import (
+    CPU_ADAM_BW,
+    FINE_SUB_GROUP_SIZE,
+    SUB_GROUP_SIZE,
+    cpu_share,
+    decayed_matrices,
+    sub_groups,
+)
 from zerofit.backends.fsdp.spec import TORCH_CPU_ADAM
 from zerofit.cli import main
 from zerofit.config import config_from_dict, load_config
@@ -155,6 +164,76 @@ def test_the_1_5b_rehearsals_optimizer_was_all_on_the_cpu() -> None:
     assert half.optimizer_states == pytest.approx(gpu * 12)
 
 
+def test_sub_groups_follow_the_options_size() -> None:
+    """At 1e8 elements: the embedding (263M) alone, then cuts after the parameter that reaches
+    1e8 (a block's matrices are 60.8M, the largest 16.8M), the output layer (263M) in the last
+    matrix sub-group, the norms last: 12 in all. `cpu_share` reads the options' size, not
+    DeepSpeed's default."""
+    w = Workload(1, 2048, 1)
+    fine = sub_groups(M, w, FINE_SUB_GROUP_SIZE)
+    assert DeepSpeedOptions().sub_group_size == SUB_GROUP_SIZE == 10**9
+    assert sum(fine) == P and fine[0] == 128256 * 2048 and fine[-1] == 33 * 2048
+    assert all(FINE_SUB_GROUP_SIZE <= g < FINE_SUB_GROUP_SIZE + 2048 * 8192 for g in fine[1:-2])
+    assert len(fine) == 12 and len(sub_groups(M, w)) == 3
+    assert fine[-2] == 2048 * 8192 + 128256 * 2048  # the last block's last FFN matrix + head
+    opts = replace(OFFLOAD.options, offload_ratio=0.5, sub_group_size=FINE_SUB_GROUP_SIZE)
+    assert cpu_share(M, w, opts) == pytest.approx(sum(fine[6:]) / P)  # 6 of 12 on the GPU
+
+
+def test_tunings_try_finer_sub_groups_after_the_configs_own() -> None:
+    """ZeRO-3 optimizer offload with GPU parameters: the 20 ratios at the options' size, then at
+    FINE_SUB_GROUP_SIZE (only when finer); other candidates have nothing to tune."""
+    engine = get_engine("deepspeed")
+    tuned = engine.tunings(OFFLOAD.options)
+    ratios = [round(1 - i * 0.05, 2) for i in range(20)]
+    assert [(t.sub_group_size, t.offload_ratio) for t in tuned] == [
+        (size, r) for size in (SUB_GROUP_SIZE, FINE_SUB_GROUP_SIZE) for r in ratios
+    ]
+    own = replace(OFFLOAD.options, sub_group_size=5 * 10**7)
+    assert {t.sub_group_size for t in engine.tunings(own)} == {5 * 10**7}
+    for other in (Strategy.of("deepspeed", stage=3), Strategy.of("deepspeed", stage=2)):
+        assert engine.tunings(other.options) == [other.options]
+    both = replace(OFFLOAD.options, offload_param="cpu")
+    assert engine.tunings(both) == [both]
+    label = engine.label(replace(OFFLOAD.options, offload_ratio=0.75, sub_group_size=10**8))
+    assert label == "ZeRO-3 + optim 75%->cpu (100M sub-groups)"
+    assert engine.label(replace(OFFLOAD.options, sub_group_size=10**8)) == "ZeRO-3 + optim->cpu"
+
+
+def test_the_written_config_carries_the_chosen_sub_group_size(tmp_path: Path, capsys) -> None:
+    """llama3-1b, seq 2048, fp32 masters, global batch 64, compiled, one 24 GB card: part of the
+    optimizer stays on the GPU in 1e8-element sub-groups, and `--write` says so, down to the
+    DeepSpeed JSON the run starts from. Without a global batch nothing is tuned."""
+    cfg, out = tmp_path / "c.yaml", tmp_path / "out.yaml"
+    fields = {
+        "model": {"preset": "llama3-1b", "seq_len": 2048},
+        "precision": {"mode": "bf16", "master_dtype": "fp32"},
+        "train": {"global_batch_size": 64},
+        "parallel": {"compile": True},
+    }
+    cfg.write_text(yaml.safe_dump(fields))
+    args = ["plan", "-c", str(cfg), "--gpus", "1", "--gpu-mem", "24GB", "--cpu-mem", "126GiB"]
+    assert main([*args, "--json", "--write", str(out)]) == 0
+    text = capsys.readouterr().out
+    first = json.loads(text[: text.rindex("}") + 1])["options"][0]
+    chosen = {k.split(".")[-1]: v for k, v in first["config"].items()}
+    assert first["fits"] and first["gpu_gib"]["optimizer_states"] > 1  # some of it on the GPU
+    assert chosen["sub_group_size"] == FINE_SUB_GROUP_SIZE and 0 < chosen["offload_ratio"] < 1
+    ds = load_config(out).parallel.deepspeed
+    assert (ds.sub_group_size, ds.offload_ratio) == (FINE_SUB_GROUP_SIZE, chosen["offload_ratio"])
+    zero = to_ds_json(load_config(out), 1)["zero_optimization"]
+    assert (zero["sub_group_size"], zero["offload_optimizer"]["ratio"]) == (
+        FINE_SUB_GROUP_SIZE,
+        chosen["offload_ratio"],
+    )
+    base = config_from_dict({"parallel": {"compile": True}})
+    for o in _ratio_options(plan(M, Workload(4, 2048, 1, 16), HW, base)):  # no global batch
+        assert (o.strategy.options.offload_ratio, o.strategy.options.sub_group_size) == (
+            1.0,
+            SUB_GROUP_SIZE,
+        )
+
+
 # -- offload time -----------------------------------------------------------------------------
 
 
@@ -271,16 +350,24 @@ def _check_ratio(m: ModelShape, o: Option, hw: Hardware = HW) -> None:
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_the_offload_ratio_is_the_fastest_that_fits(name: str) -> None:
-    """On a 24 GB card a GPU-resident sub-group of the optimizer (a billion parameters, 16 GB in
-    fp32) never fits beside the rest: all of it goes to the CPU."""
+    """On a 24 GB card a GPU-resident sub-group of DeepSpeed's default size (a billion elements,
+    16 GB in fp32) never fits beside the rest. In 1e8-element sub-groups the 1.5B model keeps
+    its first ones (the embedding, 263M, then about 100M each) on the GPU; the 3B model's first
+    sub-group is its embedding alone (394M, 6.3 GB), too large: all of it goes to the CPU."""
     m = SHAPES[name]
     partial = _ratio_options(_planned(m))
     assert len(partial) == 3  # without, with selective and with full activation checkpointing
-    assert any(o.fits for o in partial)
-    for o in partial:
-        if o.fits:
-            assert o.strategy.options.offload_ratio == 1.0
-            _check_ratio(m, o)
+    fitting = [o for o in partial if o.fits]
+    assert fitting
+    for o in fitting:
+        opts = o.strategy.options
+        if opts.offload_ratio < 1:
+            assert opts.sub_group_size == FINE_SUB_GROUP_SIZE, o.strategy.label
+        else:
+            assert opts.sub_group_size == SUB_GROUP_SIZE, o.strategy.label  # the default first
+        _check_ratio(m, o)
+    kept = [o.strategy.options.offload_ratio < 1 for o in fitting]
+    assert any(kept) == (name == "1.5B"), [o.strategy.label for o in fitting]
 
 
 def test_a_partial_offload_fits_where_a_sub_group_does() -> None:
@@ -305,7 +392,12 @@ def test_on_the_1_5b_shape_offload_wins_at_a_large_micro_batch() -> None:
     assert best is not None and best.strategy.backend == "deepspeed" and best.memory.host > 0
     assert best.workload is not None and best.strategy.activation_checkpointing != "none"
     plain = next(
-        o for o in options if o.strategy == replace(best.strategy, activation_checkpointing="none")
+        o
+        for o in options
+        if o.strategy.activation_checkpointing == "none"
+        and o.strategy.backend == best.strategy.backend
+        and replace(o.strategy.options, offload_ratio=1.0, sub_group_size=SUB_GROUP_SIZE)
+        == replace(best.strategy.options, offload_ratio=1.0, sub_group_size=SUB_GROUP_SIZE)
     )
     assert plain.fits and plain.workload is not None
     assert plain.workload.micro_batch_size < best.workload.micro_batch_size

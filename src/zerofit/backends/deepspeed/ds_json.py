@@ -4,7 +4,7 @@
 - `to_ds_json(cfg, world_size)` writes the JSON DeepSpeed is initialised with;
 - `merge_user_json(cfg, world_size)` adopts the values of a user's JSON into the zerofit config, and
   rejects a value the two disagree on, naming both.
-JSON keys the table does not own (steps_per_print, sub_group_size, ...) pass through unchanged.
+JSON keys the table does not own (round_robin_gradients, ...) pass through unchanged.
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ TABLE: tuple[Row, ...] = (
         when=_offload_opt,
     ),
     Row(_DS + "pin_memory", "zero_optimization.offload_optimizer.pin_memory", when=_offload_opt),
+    Row(_DS + "sub_group_size", "zero_optimization.sub_group_size", from_ds=int, when=_stage3),
     Row(
         _DS + "offload_param",
         "zero_optimization.offload_param.device",

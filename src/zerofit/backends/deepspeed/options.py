@@ -33,6 +33,14 @@ class DeepSpeedOptions:
     offload_ratio: A[
         Share, doc("stage 3: share of optimizer states offloaded; the rest are updated on the GPU")
     ] = 1.0
+    sub_group_size: A[
+        Int,
+        doc(
+            "stage 3: elements per rank of each optimizer sub-group, the unit offload_ratio "
+            "places on the GPU or the CPU (DeepSpeed's default, 1e9)",
+            **_ELEMENTS,
+        ),
+    ] = 1_000_000_000
     offload_param: A[Offload, doc("stage 3: where parameters live")] = "none"
     nvme_path: A[Str | None, doc("directory on a fast SSD for nvme offload")] = None
     pin_memory: A[Bool, doc("page-locked host buffers for offload")] = True
@@ -60,7 +68,11 @@ class DeepSpeedOptions:
         Bool, doc("stage 3: gather each decoder block's params in one go (ZeRO-3 leaf)")
     ] = True
     torch_adam: A[
-        Bool | None, doc("torch AdamW instead of DeepSpeed's fused/CPU Adam (null: on CPU)")
+        Bool | None,
+        doc(
+            "torch AdamW instead of DeepSpeed's fused/CPU Adam (null: on CPU, unless "
+            "offload_ratio < 1, which needs DeepSpeed's CPU Adam)"
+        ),
     ] = None
     loss_scale_window: A[
         Int, doc("fp16: steps without overflow before the loss scale grows", ge=1, le=2**31 - 1)

@@ -4,10 +4,12 @@ Offload terms, from DeepSpeed 0.19.8's `runtime/zero/stage3.py` (the version the
 - Where the optimizer lives (`cpu_share`). `offload_optimizer.ratio` does not split parameters: it
   places whole optimizer sub-groups (`_create_fp16_partitions`: `subgroup_to_device`), the first
   int((1 - ratio) x count) on the GPU, the rest on the CPU. Each param group (zerofit's two:
-  matrices with weight decay, then norms and biases) is cut into sub-groups of SUB_GROUP_SIZE
-  elements per rank (`_create_fp16_sub_groups`). llama3-1b on one GPU has three (1.00B, 0.50B,
-  the norms): a ratio over 2/3 offloads all of it, one from 1/3 to 2/3 the last two, a smaller
-  one the norms alone.
+  matrices with weight decay, then norms and biases) is cut into sub-groups of
+  `parallel.deepspeed.sub_group_size` elements per rank (`_create_fp16_sub_groups`; DeepSpeed's
+  default SUB_GROUP_SIZE, 1e9). With it llama3-1b on one GPU has three (1.00B, 0.50B, the norms):
+  a ratio over 2/3 offloads all of it, one from 1/3 to 2/3 the last two, a smaller one the norms
+  alone. With a fixed global batch the planner also tries FINE_SUB_GROUP_SIZE (`tunings`), so
+  that the ratio moves 1e8 elements at a time rather than 1e9.
 - Every micro-batch (`OffloadTime.micro_batch`). With optimizer offload the gradient partitions
   live in a pinned host buffer (`grad_partitions_flat_buffer` on `self.device`, the CPU), in
   DeepSpeed's gradient-accumulation dtype, the compute dtype (zerofit sets no
@@ -42,7 +44,10 @@ if TYPE_CHECKING:
 CPU_ADAM_BW = 42e9
 NVME_BW = 3e9  # bytes/s per node
 RATIO_STEP = 0.05  # the planner's steps of offload_ratio
-SUB_GROUP_SIZE = 10**9  # zero_optimization.sub_group_size: DeepSpeed's default (zerofit sets none)
+SUB_GROUP_SIZE = 10**9  # zero_optimization.sub_group_size: DeepSpeed's default, and zerofit's
+# The finer sub-groups the planner tries with partial offload: 400 MB each in fp32. Cost assumed
+# negligible, unmeasured: see `DeepSpeed.tunings`.
+FINE_SUB_GROUP_SIZE = 10**8
 
 
 def fp16_supported() -> bool:
@@ -71,9 +76,10 @@ def decayed_matrices(m: ModelShape) -> list[int]:
     return [m.embedding_params, *block * m.n_layers, *head]
 
 
-def sub_groups(m: ModelShape, w: Workload) -> list[float]:
+def sub_groups(m: ModelShape, w: Workload, size: int = SUB_GROUP_SIZE) -> list[float]:
     """Elements per rank of ZeRO-3's optimizer sub-groups, in order: each param group cut after
-    the parameter that brings a sub-group to SUB_GROUP_SIZE (LoRA: the adapters, one group)."""
+    the parameter that brings a sub-group to `size` (sub_group_size; LoRA: the adapters, one
+    group)."""
     if w.lora:
         groups = [[w.lora.params / w.world_size]]
     else:
@@ -82,12 +88,12 @@ def sub_groups(m: ModelShape, w: Workload) -> list[float]:
         groups = [matrices, [rest]] if rest else [matrices]
     out: list[float] = []
     for group in groups:
-        size = 0.0
+        filled = 0.0
         for i, n in enumerate(group):
-            size += n
-            if size >= SUB_GROUP_SIZE or i == len(group) - 1:
-                out.append(size)
-                size = 0.0
+            filled += n
+            if filled >= size or i == len(group) - 1:
+                out.append(filled)
+                filled = 0.0
     return out
 
 
@@ -98,9 +104,17 @@ def cpu_share(m: ModelShape, w: Workload, opts: DeepSpeedOptions) -> float:
         return 0.0
     if opts.offload_optimizer != "cpu" or opts.stage != 3:
         return 1.0
-    groups = sub_groups(m, w)
+    groups = sub_groups(m, w, opts.sub_group_size)
     on_gpu = int((1 - opts.offload_ratio) * len(groups))  # as stage3._create_fp16_partitions
     return sum(groups[on_gpu:]) / sum(groups)
+
+
+def _elements(n: int) -> str:
+    """A count of elements, short: 100M, 1B, 12,345."""
+    for unit, scale in (("B", 10**9), ("M", 10**6)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return f"{n:,}"
 
 
 class DeepSpeed(Engine):
@@ -110,7 +124,7 @@ class DeepSpeed(Engine):
     checkpoint_format = "deepspeed"
     checkpoint_reader = "zerofit.backends.deepspeed.checkpoint:ZeroCheckpointReader"
     commands = ("zerofit.backends.deepspeed.command",)
-    plan_keys = ("stage", "offload_optimizer", "offload_param", "offload_ratio")
+    plan_keys = ("stage", "offload_optimizer", "offload_param", "offload_ratio", "sub_group_size")
     efficiency = 0.30  # eager, hidden 2048 (llama3-1b on an H200)
     compile_gain = 1.54
 
@@ -146,8 +160,17 @@ class DeepSpeed(Engine):
                 f"fp16 compute (precision.param_dtype, or the DeepSpeed JSON's fp16 section) is not "
                 f"supported by DeepSpeed on this {device_type.upper()}; use bf16 or fp32"
             )
+        # Partial offload (Twin-Flow) steps the CPU share with DeepSpeedCPUAdam only (DeepSpeed
+        # 0.19.8 asserts it: "Hybrid Optimizer Only Supports DeepSpeedCPUAdam").
+        hybrid = ds.offload_ratio < 1
+        if ds.torch_adam and hybrid:
+            raise UserError(
+                "parallel.deepspeed.offload_ratio < 1 needs DeepSpeed's CPU Adam: set "
+                "parallel.deepspeed.torch_adam: false (or null)"
+            )
         if ds.torch_adam is None:  # DeepSpeed's Adam kernels JIT-compile; on CPU use torch's AdamW
-            cfg = with_fields(cfg, {"parallel.deepspeed.torch_adam": device_type != "cuda"})
+            torch_adam = device_type != "cuda" and not hybrid
+            cfg = with_fields(cfg, {"parallel.deepspeed.torch_adam": torch_adam})
         return cfg
 
     def candidates(self, base: DeepSpeedOptions, nodes: int, nvme: bool) -> list[DeepSpeedOptions]:
@@ -163,20 +186,34 @@ class DeepSpeed(Engine):
 
     def tunings(self, opts: DeepSpeedOptions) -> list[DeepSpeedOptions]:
         """Optimizer offload at stage 3, parameters on the GPU: every offload_ratio in steps of
-        RATIO_STEP, the largest first. The planner takes the fastest that fits (the least on the
-        CPU, since the GPU-resident part of the optimizer is faster); of ratios that place the
-        same sub-groups (`cpu_share`), so run alike, the first: the largest, whose label is the
-        closest to what DeepSpeed does."""
+        RATIO_STEP, the largest first, at the options' sub_group_size and then (when finer) at
+        FINE_SUB_GROUP_SIZE. The planner takes the fastest that fits (the least on the CPU, since
+        the GPU-resident part of the optimizer is faster); of variants that place the same share
+        (`cpu_share`), so run alike, the first: the options' own sub-groups, the largest ratio,
+        whose label is the closest to what DeepSpeed does.
+
+        Why finer sub-groups: DeepSpeed moves whole sub-groups, so at 1e9 elements a small model
+        has two or three, each too large to stay on a small card beside the rest. The cost is
+        more of them per step: one CPU Adam call each (a vectorized loop over its elements) and
+        its own gradient download and parameter upload. At 1e8 elements (400 MB in fp32) these
+        calls are assumed to stream as fast as one large one (unmeasured); the forecast counts
+        no per-sub-group cost."""
         if opts.stage != 3 or opts.offload_optimizer != "cpu" or opts.offload_param != "none":
             return [opts]
         n = round(1 / RATIO_STEP)
-        return [replace(opts, offload_ratio=round(i / n, 4)) for i in range(n, 0, -1)]
+        ratios = [round(i / n, 4) for i in range(n, 0, -1)]
+        sizes = [opts.sub_group_size]
+        if opts.sub_group_size > FINE_SUB_GROUP_SIZE:
+            sizes.append(FINE_SUB_GROUP_SIZE)
+        return [replace(opts, sub_group_size=g, offload_ratio=r) for g in sizes for r in ratios]
 
     def label(self, opts: DeepSpeedOptions) -> str:
         name = f"ZeRO-{opts.stage}"
         if opts.offload_optimizer != "none":
             share = f" {opts.offload_ratio:.0%}" if opts.offload_ratio < 1 else ""
             name += f" + optim{share}->{opts.offload_optimizer}"
+            if share and opts.sub_group_size != SUB_GROUP_SIZE:
+                name += f" ({_elements(opts.sub_group_size)} sub-groups)"
         if opts.offload_param != "none":
             name += f" + params->{opts.offload_param}"
         return name
