@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_plan_batch import _ratio_options  # the same DeepSpeed optimizer-offload selection
 
 from zerofit.backends import get_engine
 from zerofit.backends.deepspeed.ds_json import to_ds_json
@@ -317,16 +318,6 @@ SHAPES = {"1.5B": M, "3B": ModelShape("3b", 28, 3072, 24, 8, 8192, 128256)}
 
 def _planned(m: ModelShape) -> list[Option]:
     return plan(m, Workload(1, 2048, 1), HW, splits=batch_splits(64, 1))
-
-
-def _ratio_options(options: list[Option]) -> list[Option]:
-    return [
-        o
-        for o in options
-        if o.strategy.backend == "deepspeed"
-        and o.strategy.options.offload_optimizer == "cpu"
-        and o.strategy.options.offload_param == "none"
-    ]
 
 
 def _check_ratio(m: ModelShape, o: Option, hw: Hardware = HW) -> None:

@@ -26,17 +26,25 @@ COMPILE_CHUNKS = False
 _compiled: dict[str, object] = {}
 
 
+def _chunk_loss(
+    x: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One chunk's fp32 logits ``x`` -> (sum of the valid losses, valid mask, clamped targets,
+    logsumexp per row): what both forms of `softmax_grad` start from."""
+    valid = targets != IGNORE_INDEX
+    safe = targets.clamp(min=0)
+    lse = torch.logsumexp(x, dim=-1)
+    picked = x.gather(1, safe[:, None]).squeeze(1)
+    return torch.where(valid, lse - picked, 0.0).sum(), valid, safe, lse
+
+
 def softmax_grad(
     logits: torch.Tensor, targets: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One chunk, written for the compiler: (sum of the valid losses, their count, the unscaled
     gradient of the logits, softmax - onehot on valid rows, in the logits' dtype)."""
     x = logits.float()
-    valid = targets != IGNORE_INDEX
-    safe = targets.clamp(min=0)
-    lse = torch.logsumexp(x, dim=-1)
-    picked = x.gather(1, safe[:, None]).squeeze(1)
-    loss = torch.where(valid, lse - picked, 0.0).sum()
+    loss, valid, safe, lse = _chunk_loss(x, targets)
     onehot = torch.arange(x.shape[1], device=x.device)[None, :] == safe[:, None]
     g = (torch.exp(x - lse[:, None]) - onehot.to(x.dtype)) * valid[:, None]
     return loss, valid.sum(), g.to(logits.dtype)
@@ -47,13 +55,9 @@ def _softmax_grad_eager(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`softmax_grad` in place on one fp32 copy of the logits: the least memory without a compiler."""
     x = logits.float()
-    valid = targets != IGNORE_INDEX
-    safe = targets.clamp(min=0)
-    lse = torch.logsumexp(x, dim=-1)
-    picked = x.gather(1, safe[:, None]).squeeze(1)
-    loss = torch.where(valid, lse - picked, 0.0).sum()
+    loss, valid, safe, lse = _chunk_loss(x, targets)
     probs = x.sub_(lse[:, None]).exp_()  # softmax, in place
-    probs.scatter_add_(1, safe[:, None], torch.full_like(picked[:, None], -1.0))
+    probs.scatter_add_(1, safe[:, None], torch.full_like(lse[:, None], -1.0))
     probs.mul_(valid[:, None])
     return loss, valid.sum(), probs.to(logits.dtype)
 
