@@ -71,19 +71,25 @@ def test_candidates_carry_the_configs_compile(compiled: bool) -> None:
     assert {s.compile for s in candidates(HW, base)} == {compiled}
 
 
+def _plan_and_write(tmp_path: Path, capsys, fields: dict, cpu_mem: str) -> tuple[dict, Path]:
+    """`zerofit plan --json --write` on a config of `fields` for one 24 GB card: (its JSON, the
+    written config's path)."""
+    cfg, out = tmp_path / "c.yaml", tmp_path / "out.yaml"
+    cfg.write_text(yaml.safe_dump(fields))
+    args = ["plan", "-c", str(cfg), "--gpus", "1", "--gpu-mem", "24GB", "--cpu-mem", cpu_mem]
+    assert main([*args, "--json", "--write", str(out)]) == 0
+    text = capsys.readouterr().out
+    return json.loads(text[: text.rindex("}") + 1]), out
+
+
 def test_the_written_config_keeps_compile(tmp_path: Path, capsys) -> None:
     """The 2026-12-03 fault: a config with compile on was written back with compile off."""
-    cfg, out = tmp_path / "c.yaml", tmp_path / "out.yaml"
     fields = {
         "model": {"preset": "llama3-1b", "seq_len": 2048},
         "train": {"global_batch_size": 64},
         "parallel": {"compile": True},
     }
-    cfg.write_text(yaml.safe_dump(fields))
-    args = ["plan", "-c", str(cfg), "--gpus", "1", "--gpu-mem", "24GB", "--cpu-mem", "128GiB"]
-    assert main([*args, "--json", "--write", str(out)]) == 0
-    text = capsys.readouterr().out
-    data = json.loads(text[: text.rindex("}") + 1])
+    data, out = _plan_and_write(tmp_path, capsys, fields, "128GiB")
     assert all(o["config"]["parallel.compile"] is True for o in data["options"])
     assert load_config(out).parallel.compile is True
 
@@ -205,18 +211,14 @@ def test_the_written_config_carries_the_chosen_sub_group_size(tmp_path: Path, ca
     """llama3-1b, seq 2048, fp32 masters, global batch 64, compiled, one 24 GB card: part of the
     optimizer stays on the GPU in 1e8-element sub-groups, and `--write` says so, down to the
     DeepSpeed JSON the run starts from. Without a global batch nothing is tuned."""
-    cfg, out = tmp_path / "c.yaml", tmp_path / "out.yaml"
     fields = {
         "model": {"preset": "llama3-1b", "seq_len": 2048},
         "precision": {"mode": "bf16", "master_dtype": "fp32"},
         "train": {"global_batch_size": 64},
         "parallel": {"compile": True},
     }
-    cfg.write_text(yaml.safe_dump(fields))
-    args = ["plan", "-c", str(cfg), "--gpus", "1", "--gpu-mem", "24GB", "--cpu-mem", "126GiB"]
-    assert main([*args, "--json", "--write", str(out)]) == 0
-    text = capsys.readouterr().out
-    first = json.loads(text[: text.rindex("}") + 1])["options"][0]
+    data, out = _plan_and_write(tmp_path, capsys, fields, "126GiB")
+    first = data["options"][0]
     chosen = {k.split(".")[-1]: v for k, v in first["config"].items()}
     assert first["fits"] and first["gpu_gib"]["optimizer_states"] > 1  # some of it on the GPU
     assert chosen["sub_group_size"] == FINE_SUB_GROUP_SIZE and 0 < chosen["offload_ratio"] < 1
