@@ -26,16 +26,9 @@ z3="parallel.backend=deepspeed parallel.deepspeed.stage=3"
 E8=configs/bench/llama3-8b-seq4096.yaml
 E1=configs/bench/llama3-1b-seq2048.yaml
 
-bench() {  # out-subdir, per-variant timeout, warmup, steps, args...
-  local sub=$1 limit=$2 warmup=$3 steps=$4; shift 4
-  python3 -m zerofit.cli bench --warmup "$warmup" --steps "$steps" --timeout "$limit" \
-    --out "$root/$sub" "$@" 2>&1 | grep -v "^\[20" | grep -v "^[│┃┏┡└]"
-  tail -n +6 "$root/$sub/results.md" 2>/dev/null
-}
-prebuild() {  # DeepSpeed's fused/CPU Adam JIT-compile on first use: build them off the clock
-  python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder, CPUAdamBuilder; FusedAdamBuilder().load(); CPUAdamBuilder().load()" \
-    > "$root/prebuild.log" 2>&1
-}
+source "$(dirname "$0")/bench_lib.sh"
+bench() { zf_bench "$@"; }
+prebuild() { zf_prebuild; }
 thirteen_b() {  # 13B: bf16 weights, gradients and AdamW states (8 B/param, 97 GiB), no offload
   bench 13b 200 3 22 --model.preset 13b --model.seq_len 2048 --train.micro_batch_size 4 \
     --train.grad_accum_steps 2 --precision.mode bf16 --$bf16 --data.max_tokens 1000000 \

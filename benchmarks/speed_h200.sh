@@ -18,19 +18,15 @@ fp32="precision.master_dtype=fp32"
 z3="parallel.backend=deepspeed parallel.deepspeed.stage=3"
 mb2="train.micro_batch_size=2 train.grad_accum_steps=2"
 
+source "$(dirname "$0")/bench_lib.sh"
 left() { echo $((deadline - SECONDS)); }
 bench() {  # out-subdir, per-variant timeout, warmup, steps, args...
   local sub=$1 limit=$2 warmup=$3 steps=$4; shift 4
   if [ "$phase" = all ] && [ "$(left)" -lt "$limit" ]; then limit=$(left); fi
   if [ "$limit" -lt 30 ]; then echo "skipped $sub: out of time"; return; fi
-  python3 -m zerofit.cli bench --warmup "$warmup" --steps "$steps" --timeout "$limit" \
-    --out "$root/$sub" "$@" 2>&1 | grep -v "^\[20" | grep -v "^[│┃┏┡└]"
-  tail -n +6 "$root/$sub/results.md" 2>/dev/null
+  zf_bench "$sub" "$limit" "$warmup" "$steps" "$@"
 }
-prebuild() {  # DeepSpeed's fused/CPU Adam JIT-compile on first use: build them off the clock
-  python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder, CPUAdamBuilder; FusedAdamBuilder().load(); CPUAdamBuilder().load()" \
-    > "$root/prebuild.log" 2>&1
-}
+prebuild() { zf_prebuild; }
 eight_b() {
   bench 8b 110 2 10 -c configs/bench/llama3-8b-seq4096.yaml \
     --variant "fsdp bf16-states mbs2 ga2: parallel.backend=fsdp $pure $mb2" \
