@@ -11,8 +11,11 @@
 #         built-in model against transformers' Llama of the same shape, profiled (--profile).
 #   c4    FP8 on the 8B shape, then the built-in model against transformers' Llama (c2's last two).
 #   c5    FP8 against bf16 at 1B for 300 steps (run on its own after c2 ran out of time).
-#   c3    the planner held out: `zerofit plan --measure` on 4 configurations no constant was fitted on.
-#   c6    c2's 24 GB rehearsal again (after the planner's offload fixes); ZeRO-3 against FSDP2 at 8B.
+#   c3    the planner held out: `zerofit plan --measure 8` on 2 configurations no constant was fitted on
+#         (llama3-1b at seq 1024 bf16 master; a 3.6B shape at seq 1024 fp32 master); c8: 2 more
+#         (llama3-1b at seq 2048 fp32 master; 3.6B at seq 2048 bf16 master).
+#   c6    c2's 24 GB rehearsal again (after the planner's offload fixes); ZeRO-3 against FSDP2 at 8B
+#         (with DeepSpeed's prefetch window raised); the GPU tests.
 #   c7    the GPU-only tests of this round (FP8, the fused head).
 # Every group's results.json, every run's metrics.jsonl and summary step losses, the plan outputs
 # and the profile tables go into OUT/all-results.json.
@@ -78,15 +81,19 @@ builtin_vs_hf() {  # the same config; model.hf: a LlamaForCausalLM folder of lla
   bench 1b-builtin 90 2 6 -c $E1 --profile --variant "built-in mbs8: parallel.backend=fsdp"
   bench 1b-hf 120 2 6 -c "$root/hf-1b.yaml" --profile --variant "transformers Llama mbs8: parallel.backend=fsdp"
 }
-heldout() {  # no planner constant was fitted on these: 2 sizes x 2 seq lengths x 2 precisions
+heldout() {  # HELDOUT="a:K:LIMIT_S ...": configs no planner constant was fitted on, K strategies each
   mkdir -p "$root/heldout"
-  printf 'model: {preset: llama3-1b, seq_len: 1024}\ntrain: {micro_batch_size: 4}\nprecision: {mode: bf16, master_dtype: bf16}\n' > "$root/heldout/a.yaml"
-  printf 'model: {preset: llama3-1b, seq_len: 2048}\ntrain: {micro_batch_size: 2}\nprecision: {mode: bf16, master_dtype: fp32}\n' > "$root/heldout/b.yaml"
-  printf 'model: {preset: llama3-1b, seq_len: 1024, overrides: {dim: 3072, n_layers: 28, n_heads: 24, n_kv_heads: 8, ffn_dim: 8192}}\ntrain: {micro_batch_size: 2}\nprecision: {mode: bf16, master_dtype: fp32}\n' > "$root/heldout/c.yaml"
-  printf 'model: {preset: llama3-1b, seq_len: 2048, overrides: {dim: 3072, n_layers: 28, n_heads: 24, n_kv_heads: 8, ffn_dim: 8192}}\ntrain: {micro_batch_size: 1}\nprecision: {mode: bf16, master_dtype: bf16}\n' > "$root/heldout/d.yaml"
-  for c in a b c d; do
-    echo "== held-out config $c"
-    python3 -m zerofit.cli plan -c "$root/heldout/$c.yaml" --gpus 1 --measure ${HELDOUT_K:-3} --measure-out "$root/heldout/$c-measured.json" 2>&1 | grep -v "^[┏┡└│┃]" | tail -8
+  local d="data: {max_tokens: 1000000}" big="overrides: {dim: 3072, n_layers: 28, n_heads: 24, n_kv_heads: 8, ffn_dim: 8192}"
+  printf 'model: {preset: llama3-1b, seq_len: 1024}\ntrain: {micro_batch_size: 4}\nprecision: {mode: bf16, master_dtype: bf16}\n%s\n' "$d" > "$root/heldout/a.yaml"
+  printf 'model: {preset: llama3-1b, seq_len: 2048}\ntrain: {micro_batch_size: 2}\nprecision: {mode: bf16, master_dtype: fp32}\n%s\n' "$d" > "$root/heldout/b.yaml"
+  printf 'model: {preset: llama3-1b, seq_len: 1024, %s}\ntrain: {micro_batch_size: 2}\nprecision: {mode: bf16, master_dtype: fp32}\n%s\n' "$big" "$d" > "$root/heldout/c.yaml"
+  printf 'model: {preset: llama3-1b, seq_len: 2048, %s}\ntrain: {micro_batch_size: 1}\nprecision: {mode: bf16, master_dtype: bf16}\n%s\n' "$big" "$d" > "$root/heldout/d.yaml"
+  for spec in ${HELDOUT:-a:8:240 c:8:300}; do
+    IFS=: read -r c k limit <<< "$spec"
+    echo "== held-out config $c: $k strategies, at most ${limit}s"
+    timeout "$limit" python3 -m zerofit.cli plan -c "$root/heldout/$c.yaml" --gpus 1 --measure "$k" \
+      --measure-steps 2 --measure-out "$root/heldout/$c-measured.json" 2>&1 | grep -v "^[┏┡└│┃]" | tail -12
+    pkill -f "zerofit.cli train" 2>/dev/null; sleep 2  # a run cut short by the limit
   done
 }
 fp8_loss_1b() {  # 300 steps on the same data: bf16 against FP8
@@ -95,7 +102,7 @@ fp8_loss_1b() {  # 300 steps on the same data: bf16 against FP8
     --variant "fp8 tensorwise: parallel.backend=fsdp precision.fp8=tensorwise"
 }
 zero3_8b() {  # ZeRO-3 against FSDP2 at 8B, bf16 weights/states, and a larger prefetch window
-  bench 8b-zero3 150 2 6 -c $E8 \
+  bench 8b-zero3 150 2 5 -c $E8 \
     --variant "fsdp bf16 mbs2 ga2: parallel.backend=fsdp $pure $mb2" \
     --variant "zero3 bf16 mbs2 ga2: $z3 $pure $mb2" \
     --variant "zero3 bf16 mbs2 ga2 prefetch 2e8: $z3 $pure $mb2 parallel.deepspeed.prefetch_bucket_size=200000000 parallel.deepspeed.max_live_parameters=2000000000"
@@ -111,8 +118,9 @@ mkdir -p "$root"
 case $phase in
 c1) head_1b; thirteen_b; fp32_8b ;;
 c2) prebuild & offload24; wait; fp8_8b; builtin_vs_hf ;;
-c3) heldout; bundle ;;
-c6) prebuild & offload24; wait; bundle; zero3_8b; bundle ;;
+c3) prebuild & heldout; wait; bundle ;;
+c8) prebuild & HELDOUT="b:8:250 d:8:280" heldout; wait; bundle ;;
+c6) prebuild & offload24; wait; bundle; zero3_8b; bundle; gpu_tests ;;
 c7) gpu_tests; bundle ;;
 c4) fp8_8b; bundle; builtin_vs_hf; bundle ;;
 c5) fp8_loss_1b; bundle ;;

@@ -118,7 +118,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--measure",
         default="0",
         metavar="K",
-        help="run K fitting strategies (one per family first) here; compare memory and speed",
+        help="run K fitting strategies here (every engine first, spread over AC modes); compare "
+        "memory and speed",
     )
     p.add_argument("--all", action="store_true", help="list every strategy (default: the 12 best)")
 

@@ -1,10 +1,11 @@
 """`zerofit plan --measure K`: the planner's forecast checked against real runs on this machine.
 
-K fitting strategies are picked so that they cover the strategy families first (`pick`): a family is
-an engine's option set without its offload details (DDP, FSDP full-shard, FSDP grad-op, ZeRO-1/2/3),
-or that engine offloading (FSDP offload, ZeRO-3 offload), times the activation checkpointing mode
-(and compile). Families take turns, the fastest forecast first; within a family, best predicted
-first. Each runs as its own `zerofit train` (`zerofit.runner`) for WARMUP + `--measure-steps`
+K fitting strategies are picked so that they cover the strategy families first (`pick`): an engine
+family is an engine's option set without its offload details (DDP, FSDP full-shard, FSDP grad-op,
+ZeRO-1/2/3), or that engine offloading (FSDP offload, ZeRO-3 offload); a family is that times the
+activation checkpointing mode (and compile). Engine families take turns, the fastest forecast
+first, each starting its AC modes at a different one, so that K = the number of engines already
+checks every engine and every AC mode; within a family, best predicted first. Each runs as its own `zerofit train` (`zerofit.runner`) for WARMUP + `--measure-steps`
 steps; the median step time after warm-up comes from `zerofit.bench.measure`, the peak allocated
 memory from the run's summary.json (GPU only: on CPU it is null, and the host RSS is given beside).
 
@@ -81,26 +82,42 @@ def settings(args: argparse.Namespace) -> Settings | None:
     return Settings(count, steps, path)
 
 
-def family(o: Option) -> str:
-    """The family of an option: its engine options without the offload details, or the engine
-    offloading; with the activation checkpointing mode (and compile)."""
+def engine_family(o: Option) -> str:
+    """An option's engine options without the offload details, or that engine offloading."""
     s = o.strategy
     engine = s.engine.label(s.options)
     offloads = o.memory.host > 0 or o.memory.nvme > 0
-    name = f"{engine.split()[0]} offload" if offloads else engine
-    return f"{name} | AC {s.activation_checkpointing}" + (" | compiled" if s.compile else "")
+    return f"{engine.split()[0]} offload" if offloads else engine
+
+
+def family(o: Option) -> str:
+    """The family of an option: its engine family with the activation checkpointing mode (and
+    compile)."""
+    s = o.strategy
+    name = f"{engine_family(o)} | AC {s.activation_checkpointing}"
+    return name + (" | compiled" if s.compile else "")
+
+
+def _rounds(groups: list[list[Option]]) -> list[Option]:
+    """The groups' first members in order, then their second members, and so on."""
+    longest = max((len(g) for g in groups), default=0)
+    return [g[turn] for turn in range(longest) for g in groups if turn < len(g)]
 
 
 def pick(options: list[Option], k: int) -> list[Option]:
-    """Up to k fitting options: the families in turn (the family with the fastest forecast
-    first), each family's options best predicted first."""
-    families: dict[str, list[Option]] = {}
+    """Up to k fitting options, spread so that few runs check many different forecasts: the engine
+    families take turns (the fastest forecast first), and each engine walks its AC/compile
+    families from a different starting point (the i-th engine from its i-th fastest), so that a
+    first round of one run per engine already mixes the AC modes. Within a family, best first."""
+    engines: dict[str, dict[str, list[Option]]] = {}
     for o in sorted((o for o in options if o.fits), key=lambda o: o.speed.step_time):
-        families.setdefault(family(o), []).append(o)
-    out: list[Option] = []
-    for turn in range(max((len(f) for f in families.values()), default=0)):
-        out += [f[turn] for f in families.values() if turn < len(f)]
-    return out[:k]
+        engines.setdefault(engine_family(o), {}).setdefault(family(o), []).append(o)
+    queues = []
+    for i, families in enumerate(engines.values()):
+        ordered = list(families.values())
+        start = i % len(ordered)
+        queues.append(_rounds(ordered[start:] + ordered[:start]))
+    return _rounds(queues)[:k]
 
 
 def _error(predicted: float | None, measured: float | None) -> float | None:
