@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from zerofit.bench import measure
+from zerofit.bench import Result, measure
+from zerofit.bench_report import markdown
+from zerofit.cadence import MEMORY_HISTORY_STEPS
 from zerofit.cli import main
+from zerofit.commands import plan_measure
 from zerofit.profiling import (
     FORWARD_BACKWARD,
     KERNEL,
@@ -284,3 +287,18 @@ def test_bench_profile_on_cpu(tmp_path: Path) -> None:
     md = (out / "results.md").read_text()
     assert "## Where the step time went" in md and str(trace_file) in md
     assert "### ddp: top ops by self CPU time" in md and f"| `{p['top'][0]['name']}` |" in md
+
+
+@pytest.mark.parametrize(
+    ("gpu", "warmup", "noted"),
+    [("NVIDIA H200", 1, True), ("NVIDIA H200", 3, False), (None, 0, False)],
+)
+def test_a_warmup_inside_the_recorded_steps_is_noted(
+    gpu: str | None, warmup: int, noted: bool
+) -> None:
+    """On a GPU the first MEMORY_HISTORY_STEPS steps record allocations (slower): timing any of
+    them gets a note; on CPU nothing is recorded."""
+    meta = {"steps": 12, "warmup": warmup, "env": {"gpu": gpu}, "profile_steps": 0}
+    md = markdown([Result("fsdp", [], "fsdp", "failed", error="x")], meta)
+    assert ("record" in md and f"--warmup {MEMORY_HISTORY_STEPS}" in md) == noted
+    assert plan_measure.WARMUP >= MEMORY_HISTORY_STEPS  # --measure never times a recorded step

@@ -10,7 +10,7 @@ import pytest
 from conftest import write_config, zerofit
 
 from zerofit.cli import main
-from zerofit.commands.plan_measure import compare, family, pick, replay, summary_line
+from zerofit.commands.plan_measure import WARMUP, compare, family, pick, replay, summary_line
 from zerofit.models.shape import shape_from_preset
 from zerofit.planner.memory import Memory, Strategy, estimate
 from zerofit.planner.plan import Option
@@ -141,7 +141,7 @@ def test_plan_measure_runs_two_families_on_cpu_and_writes_the_rows(tmp_path: Pat
     data = json.loads(out.read_text())
     meta, rows = data["meta"], data["rows"]
     assert meta["config_summary"]["model"] == "tiny" and meta["config_summary"]["seq_len"] == 64
-    assert meta["timed_steps"] == 2 and meta["warmup_steps"] == 2 and meta["torch"]
+    assert meta["timed_steps"] == 2 and meta["warmup_steps"] == WARMUP and meta["torch"]
     assert meta["command"].startswith("zerofit plan -c ")
     assert len(rows) == 2 and len({r["family"] for r in rows}) == 2
     for row in rows:
@@ -156,3 +156,25 @@ def test_plan_measure_runs_two_families_on_cpu_and_writes_the_rows(tmp_path: Pat
         m, w, hw, s = replay(meta, row)  # the row forecasts again as it did
         assert estimate(m, w, s).peak_allocated / GIB == pytest.approx(row["predicted_alloc_gib"])
         assert predict(m, w, s, hw).step_time == pytest.approx(row["predicted_step_s"])
+
+
+def test_zero3_compiled_inside_ac_stops_recording_cuda_allocations(monkeypatch) -> None:  # noqa: ANN001
+    """ZeRO-3 compiles each block's forward inside its AC wrapper; with CUDA allocations being
+    recorded that failed on torch 2.11 (pytorch/pytorch#179536), so recording stops there, and
+    only there."""
+    import torch
+    from torch import nn
+
+    from zerofit.parallelize import apply_ac, apply_compile_forward
+
+    calls: list[dict] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+    plain = nn.ModuleList([nn.Linear(4, 4) for _ in range(2)])
+    apply_compile_forward(plain)
+    assert calls == []
+    wrapped = nn.ModuleList([nn.Linear(4, 4) for _ in range(2)])
+    apply_ac(wrapped, "full", 2)
+    apply_compile_forward(wrapped)
+    assert calls == [{"enabled": None}]

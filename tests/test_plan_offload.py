@@ -67,8 +67,19 @@ def fixed_machine(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("compiled", [True, False])
 def test_candidates_carry_the_configs_compile(compiled: bool) -> None:
+    """Every candidate takes the config's compile, except ZeRO-3 with activation checkpointing
+    (its compiled blocks inside AC failed on the H200: DeepSpeedEngine.compiles_with)."""
     base = config_from_dict({"parallel": {"compile": compiled}})
-    assert {s.compile for s in candidates(HW, base)} == {compiled}
+    found = candidates(HW, base)
+    for s in found:
+        zero3_ac = s.options.__class__ is DeepSpeedOptions and s.options.stage == 3
+        zero3_ac = zero3_ac and s.activation_checkpointing != "none"
+        assert s.compile == (compiled and not zero3_ac), s.label
+    assert any(s.compile for s in found) == compiled
+    zero3 = [s for s in found if s.options.__class__ is DeepSpeedOptions and s.options.stage == 3]
+    assert {s.activation_checkpointing for s in zero3 if not s.compile} == (
+        {"selective", "full"} if compiled else {"none", "selective", "full"}
+    )
 
 
 def _plan_and_write(tmp_path: Path, capsys, fields: dict, cpu_mem: str) -> tuple[dict, Path]:
@@ -83,15 +94,21 @@ def _plan_and_write(tmp_path: Path, capsys, fields: dict, cpu_mem: str) -> tuple
 
 
 def test_the_written_config_keeps_compile(tmp_path: Path, capsys) -> None:
-    """The 2026-12-03 fault: a config with compile on was written back with compile off."""
+    """The 2026-12-03 fault: a config with compile on was written back with compile off. Only
+    ZeRO-3 with activation checkpointing is planned eager (DeepSpeedEngine.compiles_with)."""
     fields = {
         "model": {"preset": "llama3-1b", "seq_len": 2048},
         "train": {"global_batch_size": 64},
         "parallel": {"compile": True},
     }
     data, out = _plan_and_write(tmp_path, capsys, fields, "128GiB")
-    assert all(o["config"]["parallel.compile"] is True for o in data["options"])
-    assert load_config(out).parallel.compile is True
+    for o in data["options"]:
+        c = o["config"]
+        zero3_ac = c.get("parallel.deepspeed.stage") == 3
+        zero3_ac = zero3_ac and c["parallel.activation_checkpointing"] != "none"
+        assert c["parallel.compile"] is not zero3_ac, o["strategy"]
+    first = data["options"][0]["config"]
+    assert load_config(out).parallel.compile is first["parallel.compile"]
 
 
 def test_every_engine_is_planned_with_each_checkpointing_mode() -> None:
@@ -310,7 +327,8 @@ def test_offload_picks_the_largest_micro_batch_that_fits_for_the_3_6b_shape() ->
     best = recommend(plan(m, Workload(1, 2048, 1), HW, base, batch_splits(64, 1)))
     assert best is not None and best.workload is not None and best.memory.host > 0
     assert best.workload.micro_batch_size >= 8 and best.strategy.activation_checkpointing == "full"
-    assert best.strategy.compile and best.speed.offload < 0.5 * best.speed.step_time
+    assert not best.strategy.compile  # ZeRO-3 with AC is planned eager (compiles_with)
+    assert best.speed.offload < 0.5 * best.speed.step_time
 
 
 # -- the offload ratio, and the micro-batch offload runs at ------------------------------------

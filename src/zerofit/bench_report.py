@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.bench import Result, best, best_lines
+from zerofit.cadence import MEMORY_HISTORY_STEPS
 from zerofit.profiling import PARTS
 
 COLUMNS: list[tuple[str, str, str]] = [  # (Result attribute, header, format)
@@ -82,6 +83,14 @@ def markdown(results: list[Result], meta: dict[str, Any]) -> str:
         lines += [
             "",
             f"Note: only {meta['steps']} timed steps per variant (10 or more is the norm).",
+        ]
+    gpu = (meta.get("env") or {}).get("gpu")
+    if gpu and meta.get("warmup", MEMORY_HISTORY_STEPS) < MEMORY_HISTORY_STEPS:
+        lines += [
+            "",
+            f"Note: --warmup {meta['warmup']} times steps during which the run still records its "
+            f"CUDA allocations (the first {MEMORY_HISTORY_STEPS}), which slows them: use "
+            f"--warmup {MEMORY_HISTORY_STEPS} or more.",
         ]
     lines += profile_markdown(results, meta.get("profile_steps", 0))
     return "\n".join(lines) + "\n"

@@ -169,9 +169,16 @@ class StopChecks:
         return RunStopped(line, 128 + self.gate.signum, "signal")
 
 
+# On CUDA a run records its allocations (for an OOM report's snapshot) from start-up through this
+# step. Recording slows every allocation: timings (`zerofit bench --warmup`, `zerofit plan
+# --measure`) start after it.
+MEMORY_HISTORY_STEPS = 3
+
+
 class FirstSteps:
     """One-off work after the first steps: the precision report once the first step has shown the
-    compute dtype; on CUDA, stop recording allocations (started with the run) at step 3."""
+    compute dtype; on CUDA, stop recording allocations (started with the run) after
+    MEMORY_HISTORY_STEPS steps."""
 
     def __init__(
         self, model: torch.nn.Module, device: torch.device, report: Callable[[Any], None]
@@ -183,7 +190,7 @@ class FirstSteps:
         if self.read_compute_dtype is not None:
             self.report(self.read_compute_dtype())
             self.read_compute_dtype = None
-        if step == 3 and self.cuda:  # steady state: stop recording
+        if step == MEMORY_HISTORY_STEPS and self.cuda:  # steady state: stop recording
             torch.cuda.memory._record_memory_history(enabled=None)
 
 
