@@ -15,6 +15,8 @@ S2 = "2026-12-03-speed2-h200/"
 C1, C4, C5 = S2 + "c1-all-results.json", S2 + "c4-all-results.json", S2 + "c5-all-results.json"
 C2_15, C2_36 = S2 + "c2/24gb-1.5b-results.json", S2 + "c2/24gb-3.6b-results.json"
 PLAN_15 = S2 + "c2/1.5b-plan-a87e507.json"  # that commit's planner, on the call's config and host
+C6 = S2 + "c6-all-results.json"
+HELDOUT = {c: f"2026-12-03-planner-heldout/{c}-measured.json" for c in "abcd"}
 
 
 def _load(rel: str) -> Any:
@@ -162,6 +164,75 @@ def rehearsal() -> list[str]:
     ]
 
 
+def zero3_8b() -> dict[str, list]:
+    return {name: _row(v) for name, v in _runs(C6, "8b-zero3").items()}
+
+
+def zero3_8b_ratio() -> list[str]:
+    r = _runs(C6, "8b-zero3")
+    fsdp = r["fsdp bf16 mbs2 ga2"]["tokens_per_s"]
+    plain = r["zero3 bf16 mbs2 ga2"]["tokens_per_s"] / fsdp
+    wide = r["zero3 bf16 mbs2 ga2 prefetch 2e8"]["tokens_per_s"] / fsdp
+    return [
+        f"ZeRO-3 runs {plain:.3f}x FSDP2, and {wide:.3f}x with the wider prefetch window",
+        "the 0.95x goal is missed" if max(plain, wide) < 0.95 else "?",
+    ]
+
+
+def rehearsal2() -> list[str]:
+    d = _load(C6)
+    out = []
+    for m in ("1.5b", "3.6b"):
+        o = d["files"][f"plans/{m}-plan.json"]["options"][0]
+        assert o["config"]["parallel.compile"] is True  # what the doc says was planned
+        run = d["results"][f"24gb-{m}"]["results"][0]
+        assert run["status"] == "failed" and "FunctionMeta" in run["error"]
+        out.append(
+            f"{o['strategy']}, compiled, at micro-batch {o['micro_batch_size']} x accumulation "
+            f"{o['grad_accum_steps']}, forecast {o['tokens_per_s']:,.0f} tokens/s"
+        )
+    return out
+
+
+def _heldout_rows() -> dict[str, list]:
+    out = {}
+    for c, rel in HELDOUT.items():
+        for r in _load(rel)["rows"]:
+            assert r["status"] == "ok"
+            out[f"{c}: {r['strategy']}"] = r
+    return out
+
+
+def heldout_table() -> dict[str, list]:
+    return {
+        k: [
+            [r["predicted_alloc_gib"], r["measured_alloc_gib"]],
+            100 * r["memory_error"],
+            [r["predicted_step_s"], r["measured_step_s"]],
+            100 * r["step_time_error"],
+        ]
+        for k, r in _heldout_rows().items()
+    }
+
+
+def heldout_summary() -> list[str]:
+    rows = list(_heldout_rows().values())
+    mem = sum(abs(r["memory_error"]) <= 0.05 for r in rows)
+    step = sum(abs(r["step_time_error"]) <= 0.10 for r in rows)
+    ddp_fsdp = [r for r in rows if r["plan"]["backend"] in ("ddp", "fsdp")]
+    worst = max(abs(r["memory_error"]) for r in ddp_fsdp)
+    zero12 = [r for r in rows if r["family"].startswith(("ZeRO-1", "ZeRO-2"))]
+    worst12 = max(abs(r["memory_error"]) for r in zero12)
+    off = [r["step_time_error"] for r in rows if "offload" in r["family"]]
+    return [
+        f"peak memory is within 5% in {mem} of {len(rows)} runs",
+        f"the step time within 10% in {step} of {len(rows)}",
+        f"every DDP and FSDP run is within {100 * worst:.1f}%",
+        f"ZeRO-1 and ZeRO-2 are off by up to {100 * worst12:.1f}%",
+        f"ZeRO-3 with the optimizer on the CPU ({100 * max(off):+.1f}% to {100 * min(off):+.1f}%)",
+    ]
+
+
 # name -> (data files, expected)
 SPEED2: dict[str, tuple[list[str], Callable[[], Any]]] = {
     "s2-fp8-8b": ([C4], fp8_8b),
@@ -176,6 +247,11 @@ SPEED2: dict[str, tuple[list[str], Callable[[], Any]]] = {
     "s2-fp32-8b": ([C1], fp32_8b),
     "s2-13b": ([C1], thirteen_b),
     "s2-rehearsal": ([C2_15, C2_36, PLAN_15], rehearsal),
+    "s2-zero3": ([C6], zero3_8b),
+    "s2-zero3-ratio": ([C6], zero3_8b_ratio),
+    "s2-rehearsal2": ([C6], rehearsal2),
+    "s2-heldout": (list(HELDOUT.values()), heldout_table),
+    "s2-heldout-summary": (list(HELDOUT.values()), heldout_summary),
 }
 
 
