@@ -291,3 +291,11 @@ def readme_speed2_all() -> list[str]:
 
 
 README_SPEED2 = ([C4, C5, C1], readme_speed2_all)
+
+
+def readme_heldout() -> list[str]:
+    summary = heldout_summary()
+    return [zero3_8b_ratio()[0], summary[0], summary[1]]
+
+
+README_HELDOUT = ([C6, *HELDOUT.values()], readme_heldout)

@@ -44,7 +44,7 @@ import pytest
 from doc_checks_finetune import DOC as FT_DOC
 from doc_checks_finetune import FINETUNE, README_FINETUNE
 from doc_checks_speed2 import DOC as S2_DOC
-from doc_checks_speed2 import README_SPEED2, SPEED2
+from doc_checks_speed2 import README_HELDOUT, README_SPEED2, SPEED2
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "benchmarks" / "data"
@@ -748,6 +748,7 @@ CHECKS.update({name: Check(FT_DOC, data, fn) for name, (data, fn) in FINETUNE.it
 CHECKS["readme-finetune"] = Check(README, *README_FINETUNE)
 CHECKS.update({name: Check(S2_DOC, data, fn) for name, (data, fn) in SPEED2.items()})
 CHECKS["readme-speed2"] = Check(README, *README_SPEED2)
+CHECKS["readme-speed2-heldout"] = Check(README, *README_HELDOUT)
 
 
 # ---------------------------------------------------------------------------------------------
