@@ -17,6 +17,7 @@
 #   c6    c2's 24 GB rehearsal again (after the planner's offload fixes); ZeRO-3 against FSDP2 at 8B
 #         (with DeepSpeed's prefetch window raised); the GPU tests.
 #   c7    the GPU-only tests of this round (FP8, the fused head).
+#   c9    FSDP2 cpu_offload at 24 GB (1.5B, 16 x 4, AC, compile): fused CPU AdamW against foreach.
 # Every group's results.json, every run's metrics.jsonl and summary step losses, the plan outputs
 # and the profile tables go into OUT/all-results.json.
 set -uo pipefail
@@ -107,6 +108,13 @@ zero3_8b() {  # ZeRO-3 against FSDP2 at 8B, bf16 weights/states, and a larger pr
     --variant "zero3 bf16 mbs2 ga2: $z3 $pure $mb2" \
     --variant "zero3 bf16 mbs2 ga2 prefetch 2e8: $z3 $pure $mb2 parallel.deepspeed.prefetch_bucket_size=200000000 parallel.deepspeed.max_live_parameters=2000000000"
 }
+fsdp_offload24() {  # FSDP2 cpu_offload for a 24 GB card: fused CPU AdamW (the default) against foreach
+  local cap="train.gpu_memory_limit=24GB parallel.backend=fsdp parallel.fsdp.cpu_offload=true parallel.activation_checkpointing=full parallel.compile=true train.micro_batch_size=16 train.grad_accum_steps=4"
+  printf 'model: {preset: llama3-1b, seq_len: 2048}\n%s\n' "$common" > "$root/fsdp-offload-1.5b.yaml"
+  bench 24gb-fsdp-offload 240 1 3 -c "$root/fsdp-offload-1.5b.yaml" \
+    --variant "fsdp offload fused adamw 16x4: $cap" \
+    --variant "fsdp offload foreach adamw 16x4: $cap optim.fused=false"
+}
 gpu_tests() {  # the GPU-only tests of this round: FP8 training and the fused head's kernels
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "fp8 or head or loss" > "$root/gpu-tests.txt" 2>&1
   tail -5 "$root/gpu-tests.txt"
@@ -122,6 +130,7 @@ c3) prebuild & heldout; wait; bundle ;;
 c8) prebuild & HELDOUT="b:8:250 d:8:280" heldout; wait; bundle ;;
 c6) prebuild & offload24; wait; bundle; zero3_8b; bundle; gpu_tests ;;
 c7) gpu_tests; bundle ;;
+c9) fsdp_offload24; bundle ;;
 c4) fp8_8b; bundle; builtin_vs_hf; bundle ;;
 c5) fp8_loss_1b; bundle ;;
 *) echo "unknown phase $phase"; exit 2 ;;

@@ -78,3 +78,32 @@ def _check_sharding(run: Path, world: int) -> None:
     total = reports[0]["global_numel"]
     for rep in reports:
         assert abs(rep["local_numel"] - total / world) <= 0.01 * total, rep["local_numel"]
+
+
+@pytest.mark.parametrize(
+    ("fused", "offloaded", "expected"),
+    [(None, False, False), (None, True, True), (False, True, False), (True, False, True)],
+)
+def test_adamw_is_fused_for_offloaded_states_unless_told(
+    fused: bool | None, offloaded: bool, expected: bool
+) -> None:
+    """On CPU: states offloaded to host RAM (FSDP cpu_offload, the variant above) step with
+    torch's fused AdamW, one vectorised pass; others with foreach; `optim.fused` decides when
+    set. The fused update matches foreach to float rounding."""
+    import torch
+
+    from zerofit.backends.torch_common import build_adamw
+    from zerofit.config import load_config
+
+    cfg = load_config(None, [] if fused is None else [f"optim.fused={str(fused).lower()}"]).optim
+    results = []
+    for flag in (offloaded, not offloaded):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 64)
+        opt = build_adamw(model, cfg, torch.device("cpu"), offloaded=flag)
+        if flag == offloaded:
+            assert bool(opt.defaults["fused"]) is expected
+        model(torch.randn(8, 64)).square().mean().backward()
+        opt.step()
+        results.append(model.weight.detach().clone())
+    torch.testing.assert_close(results[0], results[1], rtol=1e-6, atol=1e-7)

@@ -167,7 +167,9 @@ class OptimConfig:
     weight_decay: A[Float, doc("AdamW decoupled weight decay (matrices only)")] = 0.1
     betas: A[tuple[Float, Float], doc("AdamW betas")] = (0.9, 0.95)
     eps: A[Float, doc("AdamW epsilon")] = 1e-8
-    fused: A[Bool | None, doc("fused AdamW (null: on GPU, foreach on CPU)")] = None
+    fused: A[
+        Bool | None, doc("fused AdamW (null: on GPU and for CPU-offloaded states, else foreach)")
+    ] = None
     warmup_steps: A[Int, doc("linear warmup steps", **COUNT)] = 20
     min_lr_ratio: A[Float, doc("cosine decays to lr x this")] = 0.1
     grad_clip: A[Float | None, doc("max global grad norm (null: no clipping)")] = 1.0

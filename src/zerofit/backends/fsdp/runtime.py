@@ -48,7 +48,7 @@ class FSDPBackend(TorchBackend):
         materialize_from_spec(module, init_device, spec, init_seed)
         self.model = module
         self.scaler = self.make_scaler()
-        self.optimizer = build_adamw(module, self.optim_cfg, init_device)
+        self.optimizer = build_adamw(module, self.optim_cfg, init_device, offloaded=f.cpu_offload)
 
     def step(self, lr: float, loss: torch.Tensor, gate: Gate) -> StepResult:
         result = super().step(lr, loss, gate)

@@ -11,6 +11,10 @@ runtime:
   between syncs each rank accumulates the unsharded gradients on the GPU in the reduce dtype
   (`to_accumulated_grad_if_needed`), offload or not, and the reduced shard goes to the host once
   per step (`foreach_reduce`), where torch's AdamW updates it (TORCH_CPU_ADAM).
+TORCH_CPU_ADAM is the foreach update's rate, measured on the H200 host. Since 2026-12-03 offloaded
+states step with torch's fused CPU AdamW (`optim.fused` unset), which ran 5.3x the foreach update
+on a 2-core CPU: until it is measured on a GPU host the forecast keeps the measured rate, so it is
+pessimistic for FSDP offload's optimizer step.
 PCIe runs at `Hardware.pcie_bw` (planner.gpus.HOST_LINK_BW for the card's generation).
 """
 
