@@ -298,7 +298,9 @@ def test_a_warmup_inside_the_recorded_steps_is_noted(
 ) -> None:
     """On a GPU the first MEMORY_HISTORY_STEPS steps record allocations (slower): timing any of
     them gets a note; on CPU nothing is recorded."""
-    meta = {"steps": 12, "warmup": warmup, "env": {"gpu": gpu}, "profile_steps": 0}
+    env = {"gpu": gpu, "torch": "2.11", "deepspeed": None}
+    meta = {"date": "2026-12-03", "env": env, "nproc": 1, "command": "zerofit bench", "steps": 12}
+    meta |= {"warmup": warmup, "profile_steps": 0}
     md = markdown([Result("fsdp", [], "fsdp", "failed", error="x")], meta)
     assert ("record" in md and f"--warmup {MEMORY_HISTORY_STEPS}" in md) == noted
     assert plan_measure.WARMUP >= MEMORY_HISTORY_STEPS  # --measure never times a recorded step
