@@ -93,7 +93,7 @@ heldout() {  # HELDOUT="a:K:LIMIT_S ...": configs no planner constant was fitted
     IFS=: read -r c k limit <<< "$spec"
     echo "== held-out config $c: $k strategies, at most ${limit}s"
     timeout "$limit" python3 -m zerofit.cli plan -c "$root/heldout/$c.yaml" --gpus 1 --measure "$k" \
-      --measure-steps 2 --measure-out "$root/heldout/$c-measured.json" 2>&1 | grep -v "^[┏┡└│┃]" | tail -12
+      --measure-steps 2 --measure-timeout "${HELDOUT_RUN_S:-120}" --measure-out "$root/heldout/$c-measured.json" 2>&1 | grep -v "^[┏┡└│┃]" | tail -12
     pkill -f "zerofit.cli train" 2>/dev/null; sleep 2  # a run cut short by the limit
   done
 }

@@ -17,7 +17,7 @@ from zerofit.planner.plan import Option
 from zerofit.planner.shape import Hardware
 from zerofit.planner.speed import Speed, predict
 from zerofit.planner.terms import GIB, Workload
-from zerofit.runner import Outcome
+from zerofit.runner import TIMED_OUT, Outcome
 
 
 def option(step: float, fits: bool = True, host: float = 0.0, **strategy: object) -> Option:
@@ -114,6 +114,19 @@ def test_a_row_compares_memory_and_the_median_step_after_warmup(tmp_path: Path) 
     assert "memory within 5% in 1 of 1" in summary_line([row])
 
 
+def test_a_run_stopped_at_its_timeout_is_a_timeout_row(tmp_path: Path) -> None:
+    o = option(1.0, backend="fsdp")
+    row = compare(o, _outcome(tmp_path, TIMED_OUT, None, "step 1\n"), warmup=2, timeout=90)
+    assert row["status"] == "timeout" and row["fits_held"] is True
+    assert row["failure"] == "no result within 90 s (--measure-timeout)"
+    oom = compare(o, _outcome(tmp_path, 1, None, "CUDA out of memory\n"), warmup=2, timeout=90)
+    assert summary_line([row, oom]).endswith(
+        "2 failed, 1 of them OOM though forecast to fit, 1 stopped at --measure-timeout"
+    )
+    # without --measure-timeout, the code means what the log says
+    assert compare(o, _outcome(tmp_path, TIMED_OUT, None, "x\n"), warmup=2)["status"] == "failed"
+
+
 def test_measure_flags_without_measure_or_with_bad_values_are_one_line_errors(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -122,6 +135,10 @@ def test_measure_flags_without_measure_or_with_bad_values_are_one_line_errors(
         ((), ("--measure-out", "x.json"), "need --measure K"),
         (("--measure", "1"), ("--measure-steps", "0"), "--measure-steps must be a whole number"),
         (("--measure", "1"), ("--measure-out", str(tmp_path)), "is a directory"),
+        ((), ("--measure-timeout", "60"), "need --measure K"),
+        (("--measure", "1"), ("--measure-timeout", "0"), "give a positive number of seconds"),
+        (("--measure", "1"), ("--measure-timeout", "nan"), "give a positive number of seconds"),
+        (("--measure", "1"), ("--measure-timeout", "1m"), "give a positive number of seconds"),
     ]
     for measure, flags, message in cases:
         assert main(["plan", *machine, *measure, *flags]) == 2

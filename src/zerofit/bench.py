@@ -173,7 +173,7 @@ def run_variant(variant: Variant, index: int, out: Path, st: Settings) -> Result
     )
     result = Result(variant.name, variant.overrides, variant.backend, "ok", run_dir=str(run_dir))
     result.wall_s = outcome.wall_s
-    if outcome.code == -1:
+    if outcome.code == runner.TIMED_OUT:
         result.status, result.error = "timeout", f"no result within {st.timeout:.0f} s"
     elif not outcome.ok:
         result.status, result.error = _classify(outcome.code, outcome.log())

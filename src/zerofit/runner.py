@@ -28,6 +28,9 @@ class Outcome:
         return self.log_file.read_text(errors="replace") if self.log_file.is_file() else ""
 
 
+TIMED_OUT = -1  # Outcome.code of a run stopped at its timeout
+
+
 def train(
     run_dir: Path,
     overrides: list[str],
@@ -52,7 +55,7 @@ def train(
                 cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, env=os.environ.copy()
             ).returncode
         except subprocess.TimeoutExpired:
-            code = -1
+            code = TIMED_OUT
     summary_file = run_dir / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
     return Outcome(code, time.perf_counter() - t0, summary, log_file)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import shlex
 import statistics
 import sys
@@ -57,6 +58,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"--measure: timed steps per strategy, after {WARMUP} warm-up steps (default 4)",
     )
     p.add_argument(
+        "--measure-timeout",
+        metavar="S",
+        help="--measure: stop a strategy's run after S seconds (its row says so; default: none)",
+    )
+    p.add_argument(
         "--measure-out",
         metavar="PATH",
         help="--measure: write the predicted and measured rows as JSON to PATH",
@@ -68,6 +74,7 @@ class Settings:
     count: int  # strategies to run
     steps: int  # timed steps after WARMUP
     out: Path | None
+    timeout: float | None = None  # seconds per strategy's run
 
 
 def settings(args: argparse.Namespace) -> Settings | None:
@@ -75,15 +82,31 @@ def settings(args: argparse.Namespace) -> Settings | None:
     be measured."""
     count = parse_count("--measure", str(args.measure), minimum=0) or 0
     steps_text, out = getattr(args, "measure_steps", None), getattr(args, "measure_out", None)
+    limit = getattr(args, "measure_timeout", None)
     if not count:
-        if steps_text is not None or out is not None:
-            raise UserError("--measure-steps and --measure-out need --measure K (K > 0)")
+        if steps_text is not None or out is not None or limit is not None:
+            raise UserError(
+                "--measure-steps, --measure-timeout and --measure-out need --measure K (K > 0)"
+            )
         return None
     steps = parse_count("--measure-steps", steps_text) or 4
     path = Path(out) if out is not None else None
     if path is not None and path.is_dir():
         raise UserError(f"--measure-out {out}: is a directory; give a file path")
-    return Settings(count, steps, path)
+    return Settings(count, steps, path, _seconds(limit))
+
+
+def _seconds(text: str | None) -> float | None:
+    """--measure-timeout: a positive number of seconds, or None when not given."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise UserError(f"--measure-timeout {text}: give a positive number of seconds")
+    return value
 
 
 def engine_family(o: Option) -> str:
@@ -128,8 +151,11 @@ def _error(predicted: float | None, measured: float | None) -> float | None:
     return predicted / measured - 1 if predicted is not None and measured else None
 
 
-def compare(o: Option, outcome: runner.Outcome, warmup: int) -> dict[str, Any]:
-    """One row: predicted against measured memory, step time and tokens/s, or the failure."""
+def compare(
+    o: Option, outcome: runner.Outcome, warmup: int, timeout: float | None = None
+) -> dict[str, Any]:
+    """One row: predicted against measured memory, step time and tokens/s, or the failure (a
+    run stopped at `timeout` seconds: status "timeout")."""
     s = o.strategy
     row: dict[str, Any] = {
         "strategy": s.label,
@@ -151,6 +177,8 @@ def compare(o: Option, outcome: runner.Outcome, warmup: int) -> dict[str, Any]:
     measured |= {"measured_tokens_per_s": None, "measured_reserved_gib": None}
     if not outcome.ok:
         status, line = _classify(outcome.code, outcome.log())
+        if timeout is not None and outcome.code == runner.TIMED_OUT:
+            status, line = "timeout", f"no result within {timeout:g} s (--measure-timeout)"
         row["status"], row["failure"] = status, line
         row["fits_held"] = status != "oom"  # OOM: the forecast said it fits
         return row | measured
@@ -182,8 +210,10 @@ def run_one(o: Option, cfg: Config, st: Settings, w: Workload) -> dict[str, Any]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "cfg.yaml"
         save_config(cfg, path)
-        got = runner.train(Path(tmp) / "run", forced, Path(tmp) / "log", str(path), w.world_size)
-        row = compare(o, got, WARMUP)
+        got = runner.train(
+            Path(tmp) / "run", forced, Path(tmp) / "log", str(path), w.world_size, st.timeout
+        )
+        row = compare(o, got, WARMUP, st.timeout)
     row["workload"] = dataclasses.asdict(getattr(o, "workload", None) or w)
     row["config"] = to_dict(cfg)
     return row
@@ -217,6 +247,7 @@ def summary_line(rows: list[dict[str, Any]]) -> str:
     mem_hits = sum(abs(e) <= MEMORY_BOUND for e in mem)
     time_hits = sum(abs(e) <= TIME_BOUND for e in time)
     ooms = sum(r["status"] == "oom" for r in rows)
+    timeouts = sum(r["status"] == "timeout" for r in rows)
     line = (
         f"measured {len(ok)} of {len(rows)}: memory within {MEMORY_BOUND:.0%} in {mem_hits} of "
         f"{len(mem)}, step time within {TIME_BOUND:.0%} in {time_hits} of {len(time)}"
@@ -225,6 +256,7 @@ def summary_line(rows: list[dict[str, Any]]) -> str:
         line += f" (median |error| {statistics.median(abs(e) for e in time):.1%})"
     if len(rows) > len(ok):
         line += f"; {len(rows) - len(ok)} failed, {ooms} of them OOM though forecast to fit"
+        line += f", {timeouts} stopped at --measure-timeout" if timeouts else ""
     if any(r.get("device") == "cpu" for r in ok):
         line += " (ran on CPU: the forecast is a GPU's, so these errors say nothing of it)"
     return line
