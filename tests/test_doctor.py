@@ -61,3 +61,23 @@ def test_oom_advice_names_the_biggest_component_and_a_fix(tmp_path: Path) -> Non
 def test_doctor_rejects_a_non_run(tmp_path: Path, capsys) -> None:
     assert main(["doctor", str(tmp_path)]) == 2
     assert "not a zerofit run directory" in capsys.readouterr().err
+
+
+def test_a_compiled_block_failing_under_ac_is_one_line_with_the_remedy() -> None:
+    """torch 2.11's SystemError for a compiled region inside AC (ZeRO-3 + AC + compile on the
+    H200, 2026-12-03) becomes one line naming both ways out; anything else stays itself."""
+    from zerofit.config import load_config
+    from zerofit.reports import compiled_ac_failure
+
+    error = SystemError(
+        "<built-in method apply of FunctionMeta object at 0x56881fd0> returned NULL without "
+        "setting an exception"
+    )
+    both = ["parallel.compile=true", "parallel.activation_checkpointing=full"]
+    line = compiled_ac_failure(load_config(None, both), error)
+    assert line is not None and len(line.splitlines()) == 1
+    assert "pytorch/pytorch#179536" in line and "parallel.compile: false" in line
+    assert "parallel.activation_checkpointing: none" in line
+    assert compiled_ac_failure(load_config(None, both[:1]), error) is None  # no AC
+    assert compiled_ac_failure(load_config(None, both[1:]), error) is None  # not compiled
+    assert compiled_ac_failure(load_config(None, both), SystemError("other")) is None

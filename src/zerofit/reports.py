@@ -93,3 +93,18 @@ def oom_report(cfg: Config, run_dir: Path, ctx: DistContext) -> str:
     advice = oom_advice(cfg, ctx.world_size, gpu_mem)
     (run_dir / f"oom_rank{ctx.rank}.txt").write_text(advice + "\n")
     return f"CUDA out of memory on rank {ctx.rank}: {advice}. Snapshot: {snapshot} (open it at pytorch.org/memory_viz)"
+
+
+def compiled_ac_failure(cfg: Config, error: SystemError) -> str | None:
+    """The one line for torch 2.11's failure of a compiled region inside activation checkpointing
+    (pytorch/pytorch#179536; ZeRO-3 compiles each block's forward inside its AC wrapper), or None
+    when `error` is something else."""
+    if "FunctionMeta" not in str(error) or not cfg.parallel.compile:
+        return None
+    if cfg.parallel.activation_checkpointing == "none":
+        return None
+    return (
+        f"torch {torch.__version__} failed in a compiled block under activation checkpointing "
+        f"({str(error)[:80]}...; pytorch/pytorch#179536): set parallel.compile: false or "
+        "parallel.activation_checkpointing: none"
+    )

@@ -13,7 +13,7 @@ from zerofit import checkpoint as ckpt
 from zerofit.config import Config
 from zerofit.dist import cap_gpu_memory, init_distributed
 from zerofit.errors import UserError
-from zerofit.reports import oom_report
+from zerofit.reports import compiled_ac_failure, oom_report
 from zerofit.resolve import mesh_replicas
 from zerofit.run_parts import RunControl
 from zerofit.trainer import Trainer
@@ -38,6 +38,11 @@ def run_training(
         return trainer.fit()
     except torch.cuda.OutOfMemoryError:
         raise UserError(oom_report(cfg, run_dir, ctx)) from None
+    except SystemError as e:
+        line = compiled_ac_failure(cfg, e)
+        if line is None:
+            raise
+        raise UserError(line) from e
 
 
 def restart_checkpoint(trainer: Trainer, restart: int) -> Path | None:
