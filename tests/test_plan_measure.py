@@ -180,10 +180,17 @@ def test_zero3_compiled_inside_ac_stops_recording_cuda_allocations(monkeypatch) 
     recorded that failed on torch 2.11 (pytorch/pytorch#179536), so recording stops there, and
     only there."""
     import torch
+    import torch._dynamo.config as dynamo_config
     from torch import nn
 
+    from zerofit.models import loss
     from zerofit.parallelize import apply_ac, apply_compile_forward
 
+    # apply_compile_forward sets process-wide state: put it back after the test
+    monkeypatch.setattr(loss, "COMPILE_CHUNKS", loss.COMPILE_CHUNKS)
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dynamo_config, name):
+            monkeypatch.setattr(dynamo_config, name, getattr(dynamo_config, name))
     calls: list[dict] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda **kw: calls.append(kw))
