@@ -34,9 +34,10 @@ pair() {  # source engine, target engine
   cp -r "$root/full-$a/checkpoints/step_00000005" "$root/$a-to-$b/checkpoints/"
   train "$a-to-$b" "$b" --resume
 }
+source "$(dirname "$0")/bench_lib.sh"  # zf_prebuild
 case $phase in
 resume)
-  python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder, CPUAdamBuilder; FusedAdamBuilder().load(); CPUAdamBuilder().load()" > "$root/prebuild.log" 2>&1
+  zf_prebuild
   pair fsdp z3; pair z3 fsdp; pair z1 fsdp; pair z2-offload ddp; pair fsdp fsdp; pair z3 z3
   python3 benchmarks/summarize_resume.py "$root" | tee "$root/resume.md"
   ;;
