@@ -136,9 +136,21 @@ def test_measure_flags_without_measure_or_with_bad_values_are_one_line_errors(
         (("--measure", "1"), ("--measure-steps", "0"), "--measure-steps must be a whole number"),
         (("--measure", "1"), ("--measure-out", str(tmp_path)), "is a directory"),
         ((), ("--measure-timeout", "60"), "need --measure K"),
-        (("--measure", "1"), ("--measure-timeout", "0"), "give a positive number of seconds"),
-        (("--measure", "1"), ("--measure-timeout", "nan"), "give a positive number of seconds"),
-        (("--measure", "1"), ("--measure-timeout", "1m"), "give a positive number of seconds"),
+        (
+            ("--measure", "1"),
+            ("--measure-timeout", "0"),
+            "--measure-timeout must be a finite number > 0",
+        ),
+        (
+            ("--measure", "1"),
+            ("--measure-timeout", "nan"),
+            "--measure-timeout must be a finite number > 0",
+        ),
+        (
+            ("--measure", "1"),
+            ("--measure-timeout", "1m"),
+            "--measure-timeout must be a finite number > 0",
+        ),
     ]
     for measure, flags, message in cases:
         assert main(["plan", *machine, *measure, *flags]) == 2

@@ -102,8 +102,8 @@ def apply_compile_forward(blocks: nn.ModuleList) -> None:
     for name in ("recompile_limit", "cache_size_limit"):  # renamed in recent PyTorch
         if hasattr(dynamo_config, name):
             setattr(dynamo_config, name, max(getattr(dynamo_config, name), limit))
-    wrapped = [hasattr(block, "_checkpoint_wrapped_module") for block in blocks]
-    if any(wrapped) and torch.cuda.is_available():
+    wrapped = any(hasattr(block, "_checkpoint_wrapped_module") for block in blocks)
+    if wrapped and torch.cuda.is_available():
         # A compiled region inside activation checkpointing fails on torch 2.11 while CUDA
         # allocations are recorded (pytorch/pytorch#179536, whose repro records them; ZeRO-3 + AC
         # + compile on the H200, 2026-12-03): such a run records none (an OOM report then has

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import shlex
 import statistics
 import sys
@@ -40,7 +39,7 @@ from zerofit.errors import UserError
 from zerofit.models.shape import ModelShape, ParamCounts
 from zerofit.planner.memory import Strategy
 from zerofit.planner.plan import Option
-from zerofit.planner.shape import Hardware, parse_count
+from zerofit.planner.shape import Hardware, parse_count, parse_positive
 from zerofit.planner.terms import GIB, Adapters, Workload
 
 # Steps before the timed ones (allocator warm-up, first all-gathers, compile), and at least the
@@ -93,20 +92,7 @@ def settings(args: argparse.Namespace) -> Settings | None:
     path = Path(out) if out is not None else None
     if path is not None and path.is_dir():
         raise UserError(f"--measure-out {out}: is a directory; give a file path")
-    return Settings(count, steps, path, _seconds(limit))
-
-
-def _seconds(text: str | None) -> float | None:
-    """--measure-timeout: a positive number of seconds, or None when not given."""
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise UserError(f"--measure-timeout {text}: give a positive number of seconds")
-    return value
+    return Settings(count, steps, path, parse_positive("--measure-timeout", limit))
 
 
 def engine_family(o: Option) -> str:
