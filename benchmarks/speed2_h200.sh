@@ -18,6 +18,9 @@
 #         (with DeepSpeed's prefetch window raised); the GPU tests.
 #   c7    the GPU-only tests of this round (FP8, the fused head).
 #   c9    FSDP2 cpu_offload at 24 GB (1.5B, 16 x 4, AC, compile): fused CPU AdamW against foreach.
+#   c10   c6's 24 GB rehearsal on the eager ZeRO-3 + AC plans, each beside the same plan compiled
+#         (ZeRO-3 + AC + compile, now without CUDA allocation-history recording).
+#   c11   c9, then held-out config a again with a 3-step warm-up; c12: held-out c and b again.
 # Every group's results.json, every run's metrics.jsonl and summary step losses, the plan outputs
 # and the profile tables go into OUT/all-results.json.
 set -uo pipefail
@@ -67,7 +70,8 @@ offload24() {  # plan for a 24 GB card at 64 x 2048 tokens per step, then train 
     python3 -m zerofit.cli plan -c "$root/plans/$m.yaml" --gpus 1 --gpu-mem 24GB --json > "$root/plans/$m-plan.json" 2> "$root/plans/$m-plan.err"
     python3 -m zerofit.cli plan -c "$root/plans/$m.yaml" --gpus 1 --gpu-mem 24GB --write "$root/plans/$m-24gb.yaml" 2>&1 | tail -4
     cat "$root/plans/$m-24gb.yaml"
-    bench "24gb-$m" 240 1 3 -c "$root/plans/$m-24gb.yaml" --variant "planned for 24GB: train.gpu_memory_limit=24GB"
+    bench "24gb-$m" 240 1 3 -c "$root/plans/$m-24gb.yaml" --variant "planned for 24GB: train.gpu_memory_limit=24GB" \
+      ${OFFLOAD24_COMPILE:+--variant "planned for 24GB + compile: train.gpu_memory_limit=24GB parallel.compile=true"}
   done
 }
 fp8_8b() {
@@ -131,6 +135,9 @@ c8) prebuild & HELDOUT="b:8:250 d:8:280" heldout; wait; bundle ;;
 c6) prebuild & offload24; wait; bundle; zero3_8b; bundle; gpu_tests ;;
 c7) gpu_tests; bundle ;;
 c9) fsdp_offload24; bundle ;;
+c10) prebuild & OFFLOAD24_COMPILE=1 offload24; wait; bundle ;;
+c11) prebuild & fsdp_offload24; wait; bundle; HELDOUT="${HELDOUT:-a:8:230}" heldout; bundle ;;
+c12) prebuild & HELDOUT="${HELDOUT:-c:8:280 b:8:250}" heldout; wait; bundle ;;
 c4) fp8_8b; bundle; builtin_vs_hf; bundle ;;
 c5) fp8_loss_1b; bundle ;;
 *) echo "unknown phase $phase"; exit 2 ;;

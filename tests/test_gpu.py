@@ -90,6 +90,39 @@ def test_zero3_compiled_forward_matches_eager(
     assert worst <= COMPILE_RTOL
 
 
+# fp32 host AdamW (fused, on the CPU) against CUDA's: the same update to ~1e-6 per step (observed
+# on the CPU suite: 8.8e-7 over 10 steps); a missed or doubled update moves the loss by > 1e-2.
+OFFLOAD_RTOL = 1e-4
+
+
+def test_fsdp_cpu_offload_trains_like_fsdp(tmp_path: Path) -> None:
+    """FSDP2 CPU offload on a GPU: its gradient norm is computed on the host, its loss on the GPU
+    (a step once stacked them for one sync and failed on the H200, 2026-12-04)."""
+    fsdp = {"parallel": {"backend": "fsdp"}}
+    plain = train_run(tmp_path, "plain", deep_update(GPU, fsdp), "--nproc", "1")
+    off = {"parallel": {"backend": "fsdp", "fsdp": {"cpu_offload": True}}}
+    offload = train_run(tmp_path, "offload", deep_update(GPU, off), "--nproc", "1")
+    ref, got = losses(plain), losses(offload)
+    assert len(ref) == 10 and ref[10] < ref[1] - 0.5, ref
+    worst = _worst(got, ref)
+    print(f"FSDP CPU offload vs FSDP: max relative loss difference over 10 steps = {worst:.2e}")
+    assert worst <= OFFLOAD_RTOL
+
+
+def test_zero3_compiled_forward_under_activation_checkpointing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ZeRO-3 compiles each block's forward inside the AC wrapper: with torch 2.11 and CUDA
+    allocation history recorded, that failed with pytorch/pytorch#179536's SystemError; the run
+    now records none in that case (2026-12-04: 24 GB plans ran compiled under AC)."""
+    pytest.importorskip("deepspeed")
+    ds = {"stage": 3, "param_persistence_threshold": 0, "torch_adam": True}
+    parallel = {"backend": "deepspeed", "deepspeed": ds, "activation_checkpointing": "full"}
+    worst = _compile_pair(tmp_path, monkeypatch, parallel)
+    print(f"ZeRO-3 + AC compile vs eager: max relative loss difference = {worst:.2e}")
+    assert worst <= COMPILE_RTOL
+
+
 # --------------------------------------------------------------------------- attention kernels
 
 KERNELS = {

@@ -38,6 +38,15 @@ DATA = ROOT / "docs" / "benchmarks" / "data"
 H200 = Hardware(gpus_per_node=1, gpu_mem=141 * 10**9, cpu_mem=125 * 2**30)
 GIB = 2**30
 
+S4 = "2026-12-04-speed2-h200/"
+# Runs whose config file lay outside the repository, kept beside their results under data/ (the
+# plans `zerofit plan --write` wrote there, and the call's shared config): results -> that copy.
+CONFIG_COPY = {
+    S4 + "24gb-1.5b-results.json": S4 + "plans/1.5b-24gb.yaml",
+    S4 + "24gb-3.6b-results.json": S4 + "plans/3.6b-24gb.yaml",
+    S4 + "24gb-3.6b-compile-results.json": S4 + "plans/3.6b-24gb.yaml",
+    S4 + "24gb-1.5b-levers-results.json": S4 + "plans/1.5b-levers.yaml",
+}
 IN_SAMPLE = [  # (results.json, variant, speed tolerance): the fitted runs and their repeats
     ("2026-12-02-speed/pair-1b-results.json", "fsdp mbs8 ga2", 0.10),
     ("2026-12-02-speed/pair-1b-results.json", "zero3 mbs8 ga2", 0.10),
@@ -51,6 +60,10 @@ IN_SAMPLE = [  # (results.json, variant, speed tolerance): the fitted runs and t
     # dropped compile). In-sample: it is the run the per-micro-batch offload copies and DeepSpeed's
     # sub-group placement were checked on (backends/deepspeed/spec.py); no constant was refitted.
     ("2026-12-03-speed2-h200/c2/24gb-1.5b-results.json", "planned for 24GB", 0.20),
+    # FSDP2 CPU offload on a 24 GB cap (llama3-1b, 16 x 4, AC, compile): the pair the CPU AdamW
+    # rates were fitted on (backends/fsdp/spec.py: FUSED_CPU_ADAM_BW, FOREACH_CPU_ADAM_BW).
+    (S4 + "24gb-1.5b-levers-results.json", "fsdp offload fused adamw 16x4", 0.05),
+    (S4 + "24gb-1.5b-levers-results.json", "fsdp offload foreach adamw 16x4", 0.05),
 ]
 # Runs whose config file was not kept (a path outside the repository): the fields it ran with.
 REBUILT = {
@@ -76,7 +89,29 @@ REBUILT = {
 HELD_OUT = [  # (results.json, variant, stated speed error bound): in no fit
     ("2026-12-02-speed/first-call-8b-results.json", "fsdp bf16-states mbs1 ga4", 0.12),
     ("2026-12-02-speed/first-call-8b-results.json", "fsdp bf16-states mbs2 ga2", 0.12),
+    # The 2026-12-04 24 GB runs of DeepSpeed offload (speed2_h200.sh c10, c13): no constant was
+    # fitted on them. Their misses are in RUN_MISSES.
+    (S4 + "24gb-1.5b-results.json", "planned for 24GB", 0.10),
+    (S4 + "24gb-1.5b-results.json", "planned for 24GB + compile", 0.10),
+    (S4 + "24gb-3.6b-results.json", "planned for 24GB", 0.10),
+    (S4 + "24gb-3.6b-compile-results.json", "planned for 24GB + compile", 0.10),
+    (S4 + "24gb-1.5b-levers-results.json", "zero3 optim+params cpu 8x8 compile", 0.10),
+    (S4 + "24gb-1.5b-levers-results.json", "zero3 optim cpu 8x8 compile", 0.10),
 ]
+# What today's forecast misses among the runs above (strict xfail: fixing one makes it XPASS).
+# ZeRO-3 offload with compile and AC, and the 3.6B shape eager, run faster than forecast; memory
+# is over-forecast with the parameters on the GPU and for FSDP2 offload at micro-batch 16.
+RUN_MISSES = {  # (results.json, variant) -> {"speed" | "memory": the miss}
+    (S4 + "24gb-1.5b-results.json", "planned for 24GB + compile"): {"speed": "-11.6%"},
+    (S4 + "24gb-3.6b-results.json", "planned for 24GB"): {"speed": "-25.5%", "memory": "-15.9%"},
+    (S4 + "24gb-3.6b-compile-results.json", "planned for 24GB + compile"): {"speed": "-25.3%"},
+    (S4 + "24gb-1.5b-levers-results.json", "zero3 optim+params cpu 8x8 compile"): {
+        "speed": "-23.7%"
+    },
+    (S4 + "24gb-1.5b-levers-results.json", "zero3 optim cpu 8x8 compile"): {"memory": "+18.4%"},
+    (S4 + "24gb-1.5b-levers-results.json", "fsdp offload fused adamw 16x4"): {"memory": "+28.3%"},
+    (S4 + "24gb-1.5b-levers-results.json", "fsdp offload foreach adamw 16x4"): {"memory": "+28.3%"},
+}
 MEMORY_TOLERANCE = 0.10
 HELDOUT_GLOB = "2026-12-0?-planner-heldout*/**/*.json"
 # Held-out rows the forecast misses, as first measured (strict xfail: a planner that comes within
@@ -88,6 +123,17 @@ HELDOUT_GLOB = "2026-12-0?-planner-heldout*/**/*.json"
 # still recorded CUDA allocations (now WARMUP >= MEMORY_HISTORY_STEPS); how much is not known
 # until a re-run.
 HELDOUT_MISSES = {  # file under data/ -> strategy -> what missed
+    # Config a again with a 3-step warm-up (speed2_h200.sh c3, 2026-12-04): DDP and both offload
+    # rows now within 10% (FSDP offload with the CPU AdamW rates fitted that day on other runs);
+    # the eager AC/SAC and ZeRO-1/2 steps are still host-bound and under-forecast.
+    "2026-12-04-planner-heldout/a-measured.json": {
+        "FSDP full-shard + SAC": "step time -69.5%",
+        "FSDP grad-op + AC": "step time -21.1%",
+        "ZeRO-1": "memory +12.0%, step time -37.6%",
+        "ZeRO-2 + SAC": "memory +15.2%, step time -47.8%",
+        "ZeRO-3 + AC": "step time -22.8%",
+        "ZeRO-3 + optim->cpu": "memory -5.7%",
+    },
     "2026-12-03-planner-heldout/a-measured.json": {
         "DDP": "step time -15.8%",
         "FSDP full-shard + SAC": "step time -63.4%",
@@ -132,6 +178,9 @@ def replay(results: str, variant: str) -> tuple[object, dict]:
     if results in REBUILT:
         run = next(r for r in data["results"] if r["name"] == variant)
         return load_config(None, [*REBUILT[results], *run["overrides"]]), run
+    run = next(r for r in data["results"] if r["name"] == variant)
+    if results in CONFIG_COPY:  # a config outside the repository; the variant's own overrides
+        return load_config(str(DATA / CONFIG_COPY[results]), run["overrides"]), run
     argv = shlex.split(data["meta"]["command"])[2:]  # after `zerofit bench`
     config, shared, i = None, [], 0
     while i < len(argv):
@@ -147,7 +196,6 @@ def replay(results: str, variant: str) -> tuple[object, dict]:
                 i += 2
         else:  # bench's own options (--warmup 2, --variant '...', ...)
             i += 2 if i + 1 < len(argv) and not argv[i + 1].startswith("--") else 1
-    run = next(r for r in data["results"] if r["name"] == variant)
     return load_config(config, [*shared, *run["overrides"]]), run
 
 
@@ -160,18 +208,44 @@ def errors(results: str, variant: str) -> tuple[float, float]:
     return speed, memory
 
 
-@pytest.mark.parametrize(("results", "variant", "tolerance"), IN_SAMPLE)
-def test_in_sample_runs_fit(results: str, variant: str, tolerance: float) -> None:
-    speed, memory = errors(results, variant)
+def checked(runs: list[tuple[str, str, float]], what: str) -> list:
+    """One pytest param per run for `what` ("speed" or "memory"), strict xfail where RUN_MISSES
+    lists that run's miss."""
+    params = []
+    for results, variant, bound in runs:
+        miss = RUN_MISSES.get((results, variant), {}).get(what)
+        marks = [pytest.mark.xfail(strict=True, reason=f"{what} {miss}")] if miss else []
+        params.append(pytest.param(results, variant, bound, marks=marks, id=f"{variant}-{what}"))
+    return params
+
+
+@pytest.mark.parametrize(("results", "variant", "tolerance"), checked(IN_SAMPLE, "speed"))
+def test_in_sample_runs_fit_speed(results: str, variant: str, tolerance: float) -> None:
+    speed, _ = errors(results, variant)
     assert abs(speed) < tolerance, f"speed {speed:+.1%}"
+
+
+@pytest.mark.parametrize(("results", "variant", "tolerance"), checked(IN_SAMPLE, "memory"))
+def test_in_sample_runs_fit_memory(results: str, variant: str, tolerance: float) -> None:
+    _, memory = errors(results, variant)
     assert abs(memory) < MEMORY_TOLERANCE, f"memory {memory:+.1%}"
 
 
-@pytest.mark.parametrize(("results", "variant", "bound"), HELD_OUT)
-def test_held_out_runs_within_the_stated_error(results: str, variant: str, bound: float) -> None:
-    speed, memory = errors(results, variant)
+@pytest.mark.parametrize(("results", "variant", "bound"), checked(HELD_OUT, "speed"))
+def test_held_out_runs_within_the_stated_speed_error(results: str, variant: str, bound: float):
+    speed, _ = errors(results, variant)
     assert abs(speed) < bound, f"speed {speed:+.1%}"
+
+
+@pytest.mark.parametrize(("results", "variant", "bound"), checked(HELD_OUT, "memory"))
+def test_held_out_runs_within_the_memory_tolerance(results: str, variant: str, bound: float):
+    _, memory = errors(results, variant)
     assert abs(memory) < MEMORY_TOLERANCE, f"memory {memory:+.1%}"
+
+
+def test_every_listed_miss_names_a_checked_run() -> None:
+    runs = {(r, v) for r, v, _ in [*IN_SAMPLE, *HELD_OUT]}
+    assert set(RUN_MISSES) <= runs
 
 
 def test_replay_reads_the_run_it_names() -> None:

@@ -70,11 +70,6 @@ class Engine:
 
     # ------------------------------------------------------------------ planner
 
-    def compiles_with(self, opts: Any, activation_checkpointing: str) -> bool:
-        """Whether the planner may pair these options and AC mode with the config's
-        `parallel.compile` (False where that pairing is known to fail on a GPU)."""
-        return True
-
     def candidates(self, base: Any, nodes: int, nvme: bool) -> list[Any]:
         """The option sets `zerofit plan` compares on `nodes` nodes (with NVMe space or not),
         varied from `base`, the config's own section (its other settings are kept)."""

@@ -82,7 +82,8 @@ class TorchBackend(Backend):
         if self.scaler:  # the loss decides; overflowing scaled gradients are the scaler's business
             result = self._scaled_step(norm, gate(loss.detach().float().reshape(1)))
         else:
-            ok = gate(torch.stack([loss.detach().float(), norm.detach().float()]))
+            # FSDP cpu_offload computes the norm on the host: one device for the one-sync gate
+            ok = gate(torch.stack([loss.detach().float(), norm.detach().float().to(loss.device)]))
             if ok:
                 self.optimizer.step()
             result = StepResult(norm, applied=ok)

@@ -113,6 +113,7 @@ def workload_for(cfg: Config, world_size: int, device_type: str = "cuda") -> Wor
         loss_chunk=cfg.model.loss_chunk,
         lora=adapters_for(cfg),
         fp8=p.fp8,
+        fused_optim=cfg.optim.fused is not False,
     )
 
 

@@ -75,8 +75,8 @@ def left_out(base: Config | None = None) -> dict[str, str]:
 
 def candidates(hw: Hardware, base: Config | None = None) -> list[Strategy]:
     """Every engine's option sets (on top of `base`'s sections), with each activation
-    checkpointing mode and `base`'s parallel.compile (unless the engine says that pairing fails:
-    `Engine.compiles_with`); engines that refuse `base` (`left_out`) have none."""
+    checkpointing mode and `base`'s parallel.compile; engines that refuse `base` (`left_out`)
+    have none."""
     cfg = base or Config()
     refused = left_out(cfg)
     out: list[Strategy] = []
@@ -85,8 +85,7 @@ def candidates(hw: Hardware, base: Config | None = None) -> list[Strategy]:
             if name in refused:
                 continue
             for opts in eng.candidates(eng.opts(cfg), hw.nodes, bool(hw.nvme)):
-                compiled = cfg.parallel.compile and eng.compiles_with(opts, ac)
-                out.append(Strategy(name, opts, ac, compiled))
+                out.append(Strategy(name, opts, ac, cfg.parallel.compile))
     return out
 
 

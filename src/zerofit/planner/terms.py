@@ -44,6 +44,7 @@ class Workload:
     loss_chunk: int = 4096  # tokens per chunk of the fused head + loss (0: full logits)
     lora: Adapters | None = None  # LoRA: what trains instead of the whole model
     fp8: str = "none"  # precision.fp8: none | tensorwise | rowwise (block Linear layers in float8)
+    fused_optim: bool = True  # optim.fused not false: a host-resident AdamW steps fused
 
     def trained(self, params: int) -> int:
         """Parameters that train, of a base of ``params``: all, or with LoRA the adapters."""

@@ -15,9 +15,11 @@ Offload terms, from DeepSpeed 0.19.8's `runtime/zero/stage3.py` (the version the
   DeepSpeed's gradient-accumulation dtype, the compute dtype (zerofit sets no
   `data_types.grad_accum_dtype`); each micro-batch `partition_grads` copies the rank's partition
   to the GPU, adds the new gradient there and copies it back ("adding directly to cpu is very
-  slow"): 2 x local parameters x e_c over PCIe, for every parameter, whatever the ratio. With
-  parameter offload, each rank's bf16 partition is fetched in forward and again in backward:
-  2 x P / W x e_c more.
+  slow"): 2 x local parameters x e_c over PCIe in turn, for every parameter, whatever the ratio.
+  With parameter offload, each rank's bf16 partition is fetched in forward and again in
+  backward: 2 x P / W x e_c more, to the GPU only. PCIe is full duplex: the fetches share the
+  host-to-GPU direction with the gradients' way up, not the way down (checked on the 2026-12-04
+  24 GB runs, where parameter offload made a step faster, not slower).
 - Once per step (`OffloadTime.step`): CPU Adam over the CPU share (CPU_ADAM_BW), that share's
   gradient copied down in the master dtype (`_offload_grad_partition_at_boundary`) and its updated
   parameters up in e_c (not with parameter offload: the partition is on the host already).
@@ -127,17 +129,6 @@ class DeepSpeed(Engine):
     plan_keys = ("stage", "offload_optimizer", "offload_param", "offload_ratio", "sub_group_size")
     efficiency = 0.30  # eager, hidden 2048 (llama3-1b on an H200)
     compile_gain = 1.54
-
-    def compiles_with(self, opts: Any, activation_checkpointing: str) -> bool:
-        """Not ZeRO-3 with activation checkpointing: ZeRO-3 compiles each block's forward inside
-        its AC wrapper (`parallelize.apply_compile_forward`), and on the H200 with torch 2.11 both
-        24 GB plans that paired them (1.5B and 3.6B, 2026-12-03, speed2_h200.sh c6) failed in
-        their first step with `SystemError: <built-in method apply of FunctionMeta object>
-        returned NULL without setting an exception`, the failure of pytorch/pytorch#179536 (a
-        compiled region inside checkpoint_wrapper). The run no longer records CUDA allocations in
-        that case, the suspected trigger; until a GPU run shows the pairing works, the planner
-        does not propose it."""
-        return opts.stage < 3 or activation_checkpointing == "none"
 
     def validate(self, cfg: Config) -> None:
         if cfg.precision.fp8 != "none":
@@ -274,18 +265,20 @@ class DeepSpeed(Engine):
         """See the module docstring: per micro-batch the gradient partition's round trip (and the
         offloaded parameters' fetches), per step CPU Adam and the copies around it."""
         local, gpus = w.trained(m.num_params) / w.world_size, hw.gpus_per_node
-        micro, step = 0.0, 0.0
+        grads, fetches, step = 0.0, 0.0, 0.0
         params_on_host = opts.stage == 3 and opts.offload_param != "none"
         if opts.offload_optimizer != "none":
             moved = local * cpu_share(m, w, opts)
-            micro += 2 * local * w.e_c / hw.pcie_bw  # to the GPU, accumulated, back to the host
+            grads = local * w.e_c / hw.pcie_bw  # each way: to the GPU, accumulated, back
             step += moved * gpus * 7 * w.e_m / CPU_ADAM_BW
             step += moved * (w.e_m + (0 if params_on_host else w.e_c)) / hw.pcie_bw
             if opts.offload_optimizer == "nvme":
                 step += 2 * local * gpus * 3 * w.e_m / NVME_BW
         if params_on_host:  # each rank fetches its partition in forward and again in backward
-            micro += 2 * m.num_params / w.world_size * w.e_c / hw.pcie_bw
-        return OffloadTime(micro, step)
+            fetches = 2 * m.num_params / w.world_size * w.e_c / hw.pcie_bw
+        # the round trip is serial (one stream); PCIe is full duplex, so the fetches share only
+        # the host-to-GPU direction with the gradients' way up
+        return OffloadTime(max(2 * grads, grads + fetches), step)
 
     def shard_share(self, opts: DeepSpeedOptions, world_size: int) -> float:
         return 1 / world_size if opts.stage == 3 else 1.0

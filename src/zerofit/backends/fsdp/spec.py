@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from zerofit.models.shape import ModelShape
     from zerofit.planner.shape import Hardware
 
-TORCH_CPU_ADAM = 0.25e9  # params/s per node (torch.optim.AdamW on CPU tensors)
+FUSED_CPU_ADAM_BW = 41e9  # bytes/s per node, 7 x master-dtype bytes a parameter (see above)
+FOREACH_CPU_ADAM_BW = 17e9
 
 
 class FSDP(Engine):
@@ -116,7 +117,8 @@ class FSDP(Engine):
         stored = (w.trained(P) * w.e_m + w.frozen(P) * w.e_c) / S  # bytes of a rank's shard
         blocks = 2 * m.n_layers - 1 if opts.reshard_after_forward else m.n_layers
         gathers = (blocks * m.block_params + m.root_params) / P  # full passes over the model
-        step = local * hw.gpus_per_node / TORCH_CPU_ADAM + local * w.e_m / hw.pcie_bw
+        rate = FUSED_CPU_ADAM_BW if w.fused_optim else FOREACH_CPU_ADAM_BW
+        step = local * hw.gpus_per_node * 7 * w.e_m / rate + local * w.e_m / hw.pcie_bw
         return OffloadTime(gathers * stored / hw.pcie_bw, step)
 
     def shard_share(self, opts: FSDPOptions, world_size: int) -> float:
