@@ -20,7 +20,11 @@
 #   c9    FSDP2 cpu_offload at 24 GB (1.5B, 16 x 4, AC, compile): fused CPU AdamW against foreach.
 #   c10   c6's 24 GB rehearsal on the eager ZeRO-3 + AC plans, each beside the same plan compiled
 #         (ZeRO-3 + AC + compile, now without CUDA allocation-history recording).
+#         (Its 3.6B compiled run was cut by the call's limit and re-run alone: `c10b`.)
 #   c11   c9, then held-out config a again with a 3-step warm-up; c12: held-out c and b again.
+#   c13   the 24 GB levers on 1.5B, each AC + compile: FSDP2 offload with fused / foreach CPU
+#         AdamW at 16 x 4; ZeRO-3 with the whole optimizer on the CPU at 8 x 8, parameters too or not.
+#   c14   held-out config a again with a 3-step warm-up (c3 with HELDOUT="a:8:280", runs <= 70 s).
 # Every group's results.json, every run's metrics.jsonl and summary step losses, the plan outputs
 # and the profile tables go into OUT/all-results.json.
 set -uo pipefail
@@ -62,13 +66,17 @@ train: {global_batch_size: 64, eval_every: 0}
 optim: {lr: 3.0e-4, warmup_steps: 2}
 precision: {mode: bf16, master_dtype: fp32}
 checkpoint: {save_final: false}"
-offload24() {  # plan for a 24 GB card at 64 x 2048 tokens per step, then train what it wrote
+plan24() {  # plan24 SIZE: `zerofit plan --write` for a 24 GB card at 64 x 2048 tokens per step
+  local m=$1
   mkdir -p "$root/plans"
   printf 'model: {preset: llama3-1b, seq_len: 2048}\n%s\nparallel: {compile: true}\n' "$common" > "$root/plans/1.5b.yaml"
   printf 'model: {preset: llama3-1b, seq_len: 2048, overrides: {dim: 3072, n_layers: 28, n_heads: 24, n_kv_heads: 8, ffn_dim: 8192}}\n%s\nparallel: {compile: true}\n' "$common" > "$root/plans/3.6b.yaml"
+  python3 -m zerofit.cli plan -c "$root/plans/$m.yaml" --gpus 1 --gpu-mem 24GB --json > "$root/plans/$m-plan.json" 2> "$root/plans/$m-plan.err"
+  python3 -m zerofit.cli plan -c "$root/plans/$m.yaml" --gpus 1 --gpu-mem 24GB --write "$root/plans/$m-24gb.yaml" 2>&1 | tail -4
+}
+offload24() {  # plan for a 24 GB card, then train what it wrote (OFFLOAD24_COMPILE: also compiled)
   for m in 1.5b 3.6b; do
-    python3 -m zerofit.cli plan -c "$root/plans/$m.yaml" --gpus 1 --gpu-mem 24GB --json > "$root/plans/$m-plan.json" 2> "$root/plans/$m-plan.err"
-    python3 -m zerofit.cli plan -c "$root/plans/$m.yaml" --gpus 1 --gpu-mem 24GB --write "$root/plans/$m-24gb.yaml" 2>&1 | tail -4
+    plan24 $m
     cat "$root/plans/$m-24gb.yaml"
     bench "24gb-$m" 240 1 3 -c "$root/plans/$m-24gb.yaml" --variant "planned for 24GB: train.gpu_memory_limit=24GB" \
       ${OFFLOAD24_COMPILE:+--variant "planned for 24GB + compile: train.gpu_memory_limit=24GB parallel.compile=true"}
@@ -119,6 +127,22 @@ fsdp_offload24() {  # FSDP2 cpu_offload for a 24 GB card: fused CPU AdamW (the d
     --variant "fsdp offload fused adamw 16x4: $cap" \
     --variant "fsdp offload foreach adamw 16x4: $cap optim.fused=false"
 }
+levers24() {  # what a 24 GB card can use for 1.5B at 64 x 2048, each with AC and compile
+  local cap="train.gpu_memory_limit=24GB parallel.activation_checkpointing=full parallel.compile=true"
+  local fo="$cap parallel.backend=fsdp parallel.fsdp.cpu_offload=true train.micro_batch_size=16 train.grad_accum_steps=4"
+  local z="$cap $z3 parallel.deepspeed.offload_optimizer=cpu parallel.deepspeed.offload_ratio=1.0 parallel.deepspeed.sub_group_size=1000000000 train.micro_batch_size=8 train.grad_accum_steps=8"
+  printf 'model: {preset: llama3-1b, seq_len: 2048}\n%s\n' "$common" > "$root/1.5b.yaml"
+  bench 24gb-1.5b-levers 200 3 3 -c "$root/1.5b.yaml" \
+    --variant "fsdp offload fused adamw 16x4: $fo" \
+    --variant "zero3 optim+params cpu 8x8 compile: $z parallel.deepspeed.offload_param=cpu" \
+    --variant "zero3 optim cpu 8x8 compile: $z" \
+    --variant "fsdp offload foreach adamw 16x4: $fo optim.fused=false"
+}
+compiled36() {  # c10's 3.6B plan, compiled (after c10 wrote plans/3.6b-24gb.yaml)
+  [ -f "$root/plans/3.6b-24gb.yaml" ] || plan24 3.6b
+  bench 24gb-3.6b-compile 240 1 3 -c "$root/plans/3.6b-24gb.yaml" \
+    --variant "planned for 24GB + compile: train.gpu_memory_limit=24GB parallel.compile=true"
+}
 gpu_tests() {  # the GPU-only tests of this round: FP8 training and the fused head's kernels
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "fp8 or head or loss" > "$root/gpu-tests.txt" 2>&1
   tail -5 "$root/gpu-tests.txt"
@@ -136,8 +160,11 @@ c6) prebuild & offload24; wait; bundle; zero3_8b; bundle; gpu_tests ;;
 c7) gpu_tests; bundle ;;
 c9) fsdp_offload24; bundle ;;
 c10) prebuild & OFFLOAD24_COMPILE=1 offload24; wait; bundle ;;
+c10b) prebuild & wait; compiled36; bundle ;;
 c11) prebuild & fsdp_offload24; wait; bundle; HELDOUT="${HELDOUT:-a:8:230}" heldout; bundle ;;
 c12) prebuild & HELDOUT="${HELDOUT:-c:8:280 b:8:250}" heldout; wait; bundle ;;
+c13) prebuild; levers24; bundle ;;
+c14) prebuild & HELDOUT="a:8:280" HELDOUT_RUN_S=70 heldout; wait; bundle ;;
 c4) fp8_8b; bundle; builtin_vs_hf; bundle ;;
 c5) fp8_loss_1b; bundle ;;
 *) echo "unknown phase $phase"; exit 2 ;;

@@ -10,11 +10,15 @@ runtime:
 - Gradients: zerofit syncs them on the last micro-batch only (`set_requires_gradient_sync`), so
   between syncs each rank accumulates the unsharded gradients on the GPU in the reduce dtype
   (`to_accumulated_grad_if_needed`), offload or not, and the reduced shard goes to the host once
-  per step (`foreach_reduce`), where torch's AdamW updates it (TORCH_CPU_ADAM).
-TORCH_CPU_ADAM is the foreach update's rate, measured on the H200 host. Since 2026-12-03 offloaded
-states step with torch's fused CPU AdamW (`optim.fused` unset), which ran 5.3x the foreach update
-on a 2-core CPU: until it is measured on a GPU host the forecast keeps the measured rate, so it is
-pessimistic for FSDP offload's optimizer step.
+  per step (`foreach_reduce`), where torch's AdamW updates it.
+The host AdamW streams ~7 x master-dtype bytes a parameter (as DeepSpeed's CPU Adam: parameter,
+gradient and two moments read; parameter and moments written). Its rate per node was fitted on the
+H200 host (16 cores, 2026-12-04, `speed2_h200.sh`: llama3-1b, FSDP2 offload at 16 x 4 with AC and
+compile on a 24 GB cap, the rest of the step forecast as above): torch's fused CPU AdamW, zerofit's
+default for host-resident states (`optim.fused` unset), 41 GB/s (30,762 tokens/s measured), about
+DeepSpeed's CPU Adam (CPU_ADAM_BW); the foreach update (`optim.fused: false`) 17 GB/s (23,275).
+In-sample: both runs are the fit. Checked on the held-out 2026-12-04 config a (bf16 states,
+seq 1024): -7.2% in step time.
 PCIe runs at `Hardware.pcie_bw` (planner.gpus.HOST_LINK_BW for the card's generation).
 """
 
