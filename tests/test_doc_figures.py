@@ -45,6 +45,8 @@ from doc_checks_finetune import DOC as FT_DOC
 from doc_checks_finetune import FINETUNE, README_FINETUNE
 from doc_checks_speed2 import DOC as S2_DOC
 from doc_checks_speed2 import README_HELDOUT, README_SPEED2, SPEED2
+from doc_checks_speed2b import DOC as S2B_DOC
+from doc_checks_speed2b import README_24GB, SPEED2B
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "benchmarks" / "data"
@@ -749,6 +751,8 @@ CHECKS["readme-finetune"] = Check(README, *README_FINETUNE)
 CHECKS.update({name: Check(S2_DOC, data, fn) for name, (data, fn) in SPEED2.items()})
 CHECKS["readme-speed2"] = Check(README, *README_SPEED2)
 CHECKS["readme-speed2-heldout"] = Check(README, *README_HELDOUT)
+CHECKS.update({name: Check(S2B_DOC, d, fn, key) for name, (d, fn, key) in SPEED2B.items()})
+CHECKS["readme-24gb"] = Check(README, *README_24GB)
 
 
 # ---------------------------------------------------------------------------------------------
