@@ -23,7 +23,6 @@ from typing import Any
 
 from zerofit import runner
 from zerofit.errors import UserError
-from zerofit.metrics import rates
 
 
 @dataclass
@@ -121,6 +120,8 @@ def _classify(code: int, log: str) -> tuple[str, str]:
 def measure(summary: dict[str, Any], warmup: int, count: int | None = None) -> dict[str, Any]:
     """Median step time over the `count` steps after warm-up (default: all the rest), and what
     follows from it."""
+    from zerofit.metrics import rates  # with torch: not needed to import this module
+
     end = None if count is None else warmup + count
     times = summary["step_times_s"][warmup:end]
     if not times:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.bench import Result, best, best_lines
-from zerofit.cadence import MEMORY_HISTORY_STEPS
 from zerofit.profiling import PARTS
+from zerofit.recording import MEMORY_HISTORY_STEPS
 
 COLUMNS: list[tuple[str, str, str]] = [  # (Result attribute, header, format)
     ("tokens_per_s", "tokens/s", "{:,.0f}"),

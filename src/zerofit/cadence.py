@@ -28,6 +28,7 @@ from zerofit.faults.step_gate import StepGate, describe
 from zerofit.metrics import MetricsSink, StepTimer, Throughput, memory_stats, peak_flops
 from zerofit.precision_report import watch_compute_dtype
 from zerofit.progress import Progress
+from zerofit.recording import MEMORY_HISTORY_STEPS
 
 if TYPE_CHECKING:
     from zerofit.config import Config
@@ -167,12 +168,6 @@ class StopChecks:
         name = signal_name(self.gate.signum)
         line = f"stopped at step {step} by {name}; {what}; continue with: {resume_command}"
         return RunStopped(line, 128 + self.gate.signum, "signal")
-
-
-# On CUDA a run records its allocations (for an OOM report's snapshot) from start-up through this
-# step. Recording slows every allocation: timings (`zerofit bench --warmup`, `zerofit plan
-# --measure`) start after it.
-MEMORY_HISTORY_STEPS = 3
 
 
 class FirstSteps:

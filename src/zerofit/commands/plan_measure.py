@@ -31,9 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from zerofit import runner
-from zerofit.bench import _classify
-from zerofit.bench import measure as median_of
-from zerofit.cadence import MEMORY_HISTORY_STEPS
 from zerofit.config import Config, save_config, to_dict
 from zerofit.errors import UserError
 from zerofit.models.shape import ModelShape, ParamCounts
@@ -41,6 +38,7 @@ from zerofit.planner.memory import Strategy
 from zerofit.planner.plan import Option
 from zerofit.planner.shape import Hardware, parse_count, parse_positive
 from zerofit.planner.terms import GIB, Adapters, Workload
+from zerofit.recording import MEMORY_HISTORY_STEPS
 
 # Steps before the timed ones (allocator warm-up, first all-gathers, compile), and at least the
 # steps a CUDA run records its allocations in (slower). The 2026-12-03 held-out files were
@@ -142,6 +140,9 @@ def compare(
 ) -> dict[str, Any]:
     """One row: predicted against measured memory, step time and tokens/s, or the failure (a
     run stopped at `timeout` seconds: status "timeout")."""
+    from zerofit.bench import _classify
+    from zerofit.bench import measure as median_of
+
     s = o.strategy
     row: dict[str, Any] = {
         "strategy": s.label,

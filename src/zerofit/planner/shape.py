@@ -11,8 +11,6 @@ import os
 import re
 from dataclasses import dataclass, replace
 
-import torch
-
 from zerofit.errors import UserError
 from zerofit.limits import shown
 from zerofit.models.shape import (  # noqa: F401  re-exported until the planner imports models.shape
@@ -89,6 +87,8 @@ def detect_hardware() -> Hardware | None:
     """This machine's GPUs, host RAM and disk, or None without a GPU. A card in the table of
     ``zerofit.planner.gpus`` brings its peak and bandwidths; another one its peak as the trainer's
     MFU knows it, else Hopper's (``gpu_from`` says so)."""
+    import torch  # here: the planner imports without torch, detecting the GPU needs it
+
     if not torch.cuda.is_available():
         return None
     import shutil
