@@ -29,8 +29,10 @@ dtype; gradients, AdamW states and DeepSpeed's fp32 masters are the adapters' al
 head's gradient buffers go, and each adapted layer adds its rank-r activations (with dropout, a
 copy of its input and the mask).
 
-The peak is the larger of the start of backward (activations + logits alive, gradients not yet
-produced unless they persist) and the end of backward (all gradients, no activations).
+The peak is the largest of the start of backward (activations + logits alive, gradients not yet
+produced unless they persist), the end of backward (all gradients, no activations), the
+optimizer step (gradients and the step's temporaries) and, where an engine names them, points
+inside backward (its working buffers beside the activations not yet freed: `saved_after`).
 """
 
 from __future__ import annotations
@@ -191,7 +193,9 @@ def block_activation_bytes(m: ModelShape, tokens: int, e_c: int, compiled: bool 
     return tokens * (norms + low + lse)
 
 
-def activation_bytes(m: ModelShape, w: Workload, s: Strategy) -> float:
+def activation_parts(m: ModelShape, w: Workload, s: Strategy) -> tuple[float, float, float]:
+    """Saved activations as (what every block keeps, all blocks; the one block being recomputed
+    under activation checkpointing; the tail: final norm and output-layer input)."""
     e_c = BYTES[w.compute_dtype]
     per_block = block_activation_bytes(m, w.tokens, e_c, s.compile)
     if w.lora:
@@ -200,12 +204,26 @@ def activation_bytes(m: ModelShape, w: Workload, s: Strategy) -> float:
     if s.activation_checkpointing == "selective":  # matmul + attention outputs, and block inputs
         kv = m.n_kv_heads * m.head_dim
         saved = e_c * (5 * m.dim + 2 * kv + 2 * m.ffn_dim) + 4 * m.n_heads
-        return m.n_layers * w.tokens * saved + per_block + tail  # + one block being recomputed
+        return m.n_layers * w.tokens * saved, per_block, tail
     if s.activation_checkpointing == "full":
         # (a LoRA base is stored in e_c, its embedding output too: the residual stream follows)
         residual = 4 if s.engine.fp32_checkpoints and not w.lora else e_c
-        return m.n_layers * w.tokens * m.dim * residual + per_block + tail
-    return m.n_layers * per_block + tail
+        return m.n_layers * w.tokens * m.dim * residual, per_block, tail
+    return m.n_layers * per_block, 0.0, tail
+
+
+def activation_bytes(m: ModelShape, w: Workload, s: Strategy) -> float:
+    return sum(activation_parts(m, w, s))
+
+
+def saved_after(m: ModelShape, w: Workload, s: Strategy, reduced: float) -> float:
+    """Activations still saved once backward has produced the gradients of `reduced` parameters:
+    it runs from the output layer down, freeing each block's saved tensors as it passes (the
+    tail's go with the output layer)."""
+    blocks, inflight, _ = activation_parts(m, w, s)
+    head = m.vocab_size * m.dim + m.dim  # output layer + final norm, reduced first
+    left = 1.0 - (reduced - head) / (m.n_layers * m.block_params)
+    return blocks * min(1.0, max(0.0, left)) + inflight
 
 
 def logits_bytes(m: ModelShape, w: Workload) -> float:
@@ -222,7 +240,7 @@ def logits_bytes(m: ModelShape, w: Workload) -> float:
 
 def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:
     """Predicted per-rank memory for one strategy: the engine's components, plus activations and
-    logits; the peak is the larger of the start and the end of backward."""
+    logits; the peak is the largest of the phases in the module docstring."""
     e: EngineMemory = s.engine.memory(m, w, s.options)
     mem = Memory(
         parameters=e.parameters,
@@ -244,7 +262,9 @@ def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:
     resident = e.parameters + e.optimizer_states
     start = resident + e.buffers + mem.activations + mem.logits + held
     end = resident + e.gradients + e.end_buffers + (e.buffers if e.buffers_at_end else 0.0)
-    mem.peak_allocated = max(start, end)
+    step = resident + e.gradients + e.step_buffers
+    inside = [resident + e.gradients + b + saved_after(m, w, s, at) for at, b in e.backward]
+    mem.peak_allocated = max(start, end, step, *inside)
     return mem
 
 

@@ -85,6 +85,9 @@ class EngineMemory:
     `gradients` is the gradient storage at the end of backward; `held_grads` what is alive during
     forward (None: `gradients` if they persist between steps, else nothing); `end_buffers` what
     exists only at the end of backward; `buffers_at_end` whether `buffers` are still alive then.
+    `backward`: points inside backward, (parameters whose gradients are reduced by then, working
+    bytes alive then beside `gradients`); the activations still saved at each point count too.
+    `step_buffers`: temporaries of the optimizer step beside `gradients` (activations freed).
     """
 
     parameters: float = 0.0
@@ -97,6 +100,8 @@ class EngineMemory:
     persistent_grads: bool = False
     end_buffers: float = 0.0
     buffers_at_end: bool = True
+    backward: tuple[tuple[float, float], ...] = ()
+    step_buffers: float = 0.0
     notes: list[str] = field(default_factory=list)
 
 

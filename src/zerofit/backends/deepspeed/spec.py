@@ -68,6 +68,30 @@ def grad_bytes(w: Workload) -> int:
     return BYTES[w.master_dtype] if w.master_dtype == "bf16" else w.e_r
 
 
+def _stage12_phases(
+    mem: EngineMemory, m: ModelShape, w: Workload, opts: DeepSpeedOptions, bucket: float
+) -> float:
+    """ZeRO-1/2 (`DeepSpeedZeroOptimizer`, see the module docstring): sets `mem`'s phases and
+    returns the gradient storage. Derived from the source for one rank; W > 1 keeps the
+    partitioning of the gradients as ZeRO describes it, unchecked on a GPU."""
+    T, W = w.trained(m.num_params), w.world_size
+    local = T / W
+    grads = T * w.e_c / (W if opts.stage == 2 else 1)  # in the model dtype at either stage
+    mem.persistent_grads = w.grad_accum_steps > 1  # else the step frees them before forward
+    mem.buffers = 0.0  # the buckets live in backward only
+    buckets = (2 if opts.overlap_comm else 1) * bucket * w.e_c
+    cast = bucket * w.e_r if w.e_r != w.e_c else 0.0  # a bucket in the reduce dtype, in flight
+    mem.backward = ((bucket, buckets), (2 * bucket, buckets + cast))
+    if opts.offload_optimizer == "none":  # the step flattens the gradients, then casts them
+        flat = local * w.e_c + (local * w.e_m if w.e_m != w.e_c else 0.0)
+        largest = max(m.vocab_size * m.dim, m.dim * m.ffn_dim)
+        mem.step_buffers = max(flat, 8 * largest)  # or the norm's fp64 copy of one tensor
+    if W > 1:  # the all-gather of the updated parameters, after the step's temporaries
+        gather = min(opts.allgather_bucket_size, T) if w.lora else opts.allgather_bucket_size
+        mem.step_buffers = max(mem.step_buffers, gather * w.e_c)
+    return grads
+
+
 def decayed_matrices(m: ModelShape) -> list[int]:
     """The parameters zerofit's AdamW decays (`torch_common.param_groups`: two dimensions and up),
     in the model's order: the embedding, each block's q, k, v, o and three FFN matrices, the
@@ -225,7 +249,6 @@ class DeepSpeed(Engine):
         T = w.trained(P)  # LoRA: the adapters; the frozen base is a module copy only
         part = W if stage >= 1 else 1
         opt = 3 * T * w.e_m / part  # master copy + two moments
-        grads = T * (grad_bytes(w) if stage >= 2 else w.e_c) / (W if stage >= 2 else 1)
         bucket = min(opts.reduce_bucket_size, T) if w.lora else opts.reduce_bucket_size
         mem = EngineMemory(
             parameters=(P + (T if w.lora else 0)) * w.e_c / (W if stage == 3 else 1),
@@ -233,10 +256,10 @@ class DeepSpeed(Engine):
             buffers=bucket * w.e_c,
         )
         if stage == 3:
+            grads = T * grad_bytes(w) / W
             mem.buffers += (2 * m.block_params + m.vocab_size * m.dim) * w.e_c  # gathered in flight
-        elif stage in (1, 2) and W > 1:  # all-gather of the updated parameters
-            gather = min(opts.allgather_bucket_size, T) if w.lora else opts.allgather_bucket_size
-            mem.buffers += gather * w.e_c
+        else:
+            grads = _stage12_phases(mem, m, w, opts, bucket)
         if opts.offload_optimizer == "cpu":  # offload_ratio < 1: some sub-groups stay on the GPU
             r = cpu_share(m, w, opts)
             mem.host += r * (opt + grads)
