@@ -16,6 +16,8 @@ C10, C10B, C13 = S4 + "c10-all-results.json", S4 + "c10b-all-results.json", S4 +
 PLANS = {m: S4 + f"plans/{m}-plan.json" for m in ("1.5b", "3.6b")}
 A_WARM = "2026-12-04-planner-heldout/a-measured.json"
 A_OLD = "2026-12-03-planner-heldout/a-measured.json"
+HELDOUT_ALL = [A_OLD, *(f"2026-12-03-planner-heldout/{c}-measured.json" for c in "bcd"), A_WARM]
+ZERO12 = [A_WARM, *HELDOUT_ALL[1:4]]  # a (the warm re-run), b, c, d
 RUNS = [  # (group results.json under data/, variant): the runs the forecast table covers
     (S4 + "24gb-1.5b-results.json", "planned for 24GB"),
     (S4 + "24gb-1.5b-results.json", "planned for 24GB + compile"),
@@ -157,6 +159,35 @@ def heldout_a_summary() -> list[str]:
     ]
 
 
+def zero12() -> dict[str, list]:
+    from test_planner_measured import heldout_errors
+
+    out = {}
+    for rel in ZERO12:
+        d = _load(rel)
+        for r in d["rows"]:
+            if r["strategy"].startswith(("ZeRO-1", "ZeRO-2")):
+                memory, _ = heldout_errors(d["meta"], r)
+                out[f"{rel.split('/')[-1][0]}: {r['strategy']}"] = [
+                    r["measured_alloc_gib"],
+                    100 * r["memory_error"],
+                    100 * memory,
+                ]
+    return out
+
+
+def heldout_memory_now() -> list[str]:
+    from test_planner_measured import heldout_errors
+
+    rows = [(d["meta"], r) for d in map(_load, HELDOUT_ALL) for r in d["rows"]]
+    hits = sum(abs(heldout_errors(meta, r)[0]) <= 0.05 for meta, r in rows)
+    worst = max(abs(v[2]) for v in zero12().values())
+    return [
+        f"every ZeRO-1/2 row within {worst:.1f}%",
+        f"peak memory within 5% in {hits} of {len(rows)} held-out runs",
+    ]
+
+
 # name -> (data files, expected, key cells of a table row)
 SPEED2B: dict[str, tuple[list[str], Callable[[], Any], int]] = {
     "s2b-rehearsal": ([C10, C10B], rehearsal, 2),
@@ -167,6 +198,8 @@ SPEED2B: dict[str, tuple[list[str], Callable[[], Any], int]] = {
     "s2b-forecasts": (list(dict.fromkeys(rel for rel, _ in RUNS)), forecasts, 2),
     "s2b-heldout-a": ([A_WARM, A_OLD], heldout_a, 1),
     "s2b-heldout-a-summary": ([A_WARM], heldout_a_summary, 1),
+    "s2b-zero12": (ZERO12, zero12, 1),
+    "s2b-heldout-memory": (HELDOUT_ALL, heldout_memory_now, 1),
 }
 
 
