@@ -205,7 +205,7 @@ SPEED2B: dict[str, tuple[list[str], Callable[[], Any], int]] = {
 
 def readme_24gb() -> list[str]:
     s, lv = rehearsal_summary(), levers_summary()
-    return [s[0], s[1], lv[1], lv[0]]
+    return [s[0], s[1], lv[1], lv[0], heldout_memory_now()[1]]
 
 
-README_24GB = ([C10, C10B, C13], readme_24gb)
+README_24GB = ([C10, C10B, C13, *HELDOUT_ALL], readme_24gb)
