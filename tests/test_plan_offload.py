@@ -171,12 +171,14 @@ def test_the_1_5b_rehearsals_optimizer_was_all_on_the_cpu() -> None:
     s = replace(OFFLOAD, options=replace(OFFLOAD.options, offload_ratio=0.7))
     mem = estimate(M, Workload(1, 2048, 1, 64), s)
     assert mem.optimizer_states == mem.gradients == 0
-    assert mem.host == pytest.approx(P * (12 + 4))  # fp32 master + moments + fp32 gradients
+    # bf16 gradient partitions (pinned) + fp32 master, moments and gradients (stage3.py)
+    assert mem.host == pytest.approx(P * (2 + 12 + 4))
     half = estimate(
         M, Workload(1, 2048, 1, 64), replace(s, options=replace(s.options, offload_ratio=0.5))
     )
     gpu = sub_groups(M, Workload(1, 2048, 1))[0]
     assert half.optimizer_states == pytest.approx(gpu * 12)
+    assert half.gradients == pytest.approx(gpu * 4)  # a GPU sub-group's fp32 gradient buffer
 
 
 def test_sub_groups_follow_the_options_size() -> None:

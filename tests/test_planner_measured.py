@@ -100,15 +100,16 @@ HELD_OUT = [  # (results.json, variant, stated speed error bound): in no fit
 ]
 # What today's forecast misses among the runs above (strict xfail: fixing one makes it XPASS).
 # ZeRO-3 offload with compile and AC, and the 3.6B shape eager, run faster than forecast; memory
-# is over-forecast with the parameters on the GPU and for FSDP2 offload at micro-batch 16.
+# is over-forecast for ZeRO-3 compiled with the parameters on the GPU (likely: the compiled loss chunk
+# holds less than the eager one the planner counts) and for FSDP2 offload at micro-batch 16.
 RUN_MISSES = {  # (results.json, variant) -> {"speed" | "memory": the miss}
     (S4 + "24gb-1.5b-results.json", "planned for 24GB + compile"): {"speed": "-11.6%"},
-    (S4 + "24gb-3.6b-results.json", "planned for 24GB"): {"speed": "-25.5%", "memory": "-15.9%"},
+    (S4 + "24gb-3.6b-results.json", "planned for 24GB"): {"speed": "-25.5%"},
     (S4 + "24gb-3.6b-compile-results.json", "planned for 24GB + compile"): {"speed": "-25.3%"},
     (S4 + "24gb-1.5b-levers-results.json", "zero3 optim+params cpu 8x8 compile"): {
         "speed": "-23.7%"
     },
-    (S4 + "24gb-1.5b-levers-results.json", "zero3 optim cpu 8x8 compile"): {"memory": "+18.4%"},
+    (S4 + "24gb-1.5b-levers-results.json", "zero3 optim cpu 8x8 compile"): {"memory": "+20.6%"},
     (S4 + "24gb-1.5b-levers-results.json", "fsdp offload fused adamw 16x4"): {"memory": "+28.3%"},
     (S4 + "24gb-1.5b-levers-results.json", "fsdp offload foreach adamw 16x4"): {"memory": "+28.3%"},
 }
@@ -123,7 +124,8 @@ HELDOUT_GLOB = "2026-12-0?-planner-heldout*/**/*.json"
 # still recorded CUDA allocations (now WARMUP >= MEMORY_HISTORY_STEPS); how much is not known
 # until a re-run. The 2026-12-04 re-run of a (3-step warm-up) answered it: DDP within 10%, the
 # rest still under-forecast. The same day ZeRO-1/2's memory terms were derived from DeepSpeed's
-# source (no constant fitted): every ZeRO-1/2 row within 3.3% (was up to 15.2%).
+# source (no constant fitted): every ZeRO-1/2 row within 3.3% (was up to 15.2%), and ZeRO-3's:
+# every memory row within 5%.
 HELDOUT_MISSES = {  # file under data/ -> strategy -> what missed (`python tests/<this file>`)
     "2026-12-03-planner-heldout/a-measured.json": {
         "DDP": "step time -15.8%",
@@ -139,8 +141,7 @@ HELDOUT_MISSES = {  # file under data/ -> strategy -> what missed (`python tests
         "FSDP grad-op + AC": "step time -41.4%",
         "ZeRO-1": "step time -38.4%",
         "ZeRO-2 + SAC": "step time -66.8%",
-        "ZeRO-3 + AC": "memory +6.5%, step time -44.6%",
-        "ZeRO-3 + optim->cpu": "memory -5.7%",
+        "ZeRO-3 + AC": "step time -44.6%",
     },
     "2026-12-03-planner-heldout/c-measured.json": {
         "DDP": "step time -39.0%",
@@ -148,7 +149,7 @@ HELDOUT_MISSES = {  # file under data/ -> strategy -> what missed (`python tests
         "FSDP grad-op + AC": "step time -63.5%",
         "ZeRO-1": "step time -70.3%",
         "ZeRO-2 + SAC": "step time -75.3%",
-        "ZeRO-3 + AC": "memory +8.7%, step time -66.8%",
+        "ZeRO-3 + AC": "step time -66.8%",
     },
     "2026-12-03-planner-heldout/d-measured.json": {
         "DDP": "step time -21.5%",
@@ -164,7 +165,6 @@ HELDOUT_MISSES = {  # file under data/ -> strategy -> what missed (`python tests
         "ZeRO-1": "step time -37.6%",
         "ZeRO-2 + SAC": "step time -47.8%",
         "ZeRO-3 + AC": "step time -22.8%",
-        "ZeRO-3 + optim->cpu": "memory -5.7%",
     },
 }
 HELDOUT_MEMORY = plan_measure.MEMORY_BOUND  # 5%, as `--measure` counts its hits
