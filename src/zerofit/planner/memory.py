@@ -262,8 +262,9 @@ def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:
     resident = e.parameters + e.optimizer_states
     start = resident + e.buffers + mem.activations + mem.logits + held
     end = resident + e.gradients + e.end_buffers + (e.buffers if e.buffers_at_end else 0.0)
-    step = resident + e.gradients + e.step_buffers
-    inside = [resident + e.gradients + b + saved_after(m, w, s, at) for at, b in e.backward]
+    kept = resident + e.gradients + (e.buffers if e.buffers_at_end else 0.0)
+    step = kept + e.step_buffers
+    inside = [kept + b + saved_after(m, w, s, at) for at, b in e.backward]
     mem.peak_allocated = max(start, end, step, *inside)
     return mem
 

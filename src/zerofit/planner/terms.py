@@ -88,6 +88,7 @@ class EngineMemory:
     `backward`: points inside backward, (parameters whose gradients are reduced by then, working
     bytes alive then beside `gradients`); the activations still saved at each point count too.
     `step_buffers`: temporaries of the optimizer step beside `gradients` (activations freed).
+    Both phases keep `buffers` when `buffers_at_end`.
     """
 
     parameters: float = 0.0

@@ -92,6 +92,23 @@ def grad_bytes(w: Workload) -> int:
     return BYTES[w.master_dtype] if w.master_dtype == "bf16" else w.e_r
 
 
+def _offloaded(
+    mem: EngineMemory, m: ModelShape, w: Workload, opts: DeepSpeedOptions, opt: float, grads: float
+) -> tuple[float, float]:
+    """ZeRO-1/2 (and ZeRO-3 to NVMe): the optimizer states and gradients that move to the host or
+    to NVMe; returns what stays on the GPU."""
+    if opts.offload_optimizer == "cpu":
+        r = cpu_share(m, w, opts)
+        mem.host += r * (opt + grads)
+        return (1 - r) * opt, (1 - r) * grads
+    if opts.offload_optimizer == "nvme":
+        mem.nvme += opt
+        part = w.world_size if opts.stage >= 1 else 1
+        mem.host += grads + m.num_params * w.e_m / part  # staging buffers for the swapped states
+        return 0.0, 0.0
+    return opt, grads
+
+
 def _stage12_phases(
     mem: EngineMemory, m: ModelShape, w: Workload, opts: DeepSpeedOptions, bucket: float
 ) -> float:
@@ -132,7 +149,7 @@ def _stage3_phases(
     if opts.offload_optimizer == "cpu":
         r = cpu_share(m, w, opts)
         mem.host += grads + r * local * 4 * w.e_m  # partitions pinned; master, moments, grads
-        gpu = [n for n in groups[: int((1 - opts.offload_ratio) * len(groups))]]
+        gpu = groups[: int((1 - opts.offload_ratio) * len(groups))]
         mem.step_buffers = 4 * max(gpu, default=0.0)
         norm = max(8 * min(head, NORM_CHUNK), 4 * head)  # the head's fp64 norm or fp32 cast
         reduce = max(reduce, w.e_c * (bucket + head) + norm)
@@ -309,22 +326,14 @@ class DeepSpeed(Engine):
             buffers=bucket * w.e_c,
         )
         if stage == 3 and opts.offload_optimizer != "nvme":
-            opt, grads = _stage3_phases(mem, m, w, opts, bucket)
-        elif stage == 3:
-            grads = T * grad_bytes(w) / W
-            mem.buffers += (2 * m.block_params + m.vocab_size * m.dim) * w.e_c  # gathered in flight
+            opt, grads = _stage3_phases(mem, m, w, opts, bucket)  # places a CPU offload too
         else:
-            grads = _stage12_phases(mem, m, w, opts, bucket)
-        if stage == 3 and opts.offload_optimizer == "cpu":
-            pass  # placed by _stage3_phases
-        elif opts.offload_optimizer == "cpu":
-            r = cpu_share(m, w, opts)
-            mem.host += r * (opt + grads)
-            opt, grads = (1 - r) * opt, (1 - r) * grads
-        elif opts.offload_optimizer == "nvme":
-            mem.nvme += opt
-            mem.host += grads + P * w.e_m / part  # staging buffers for the swapped states
-            opt, grads = 0.0, 0.0
+            if stage == 3:  # with NVMe offload: the terms before the source reading
+                grads = T * grad_bytes(w) / W
+                mem.buffers += (2 * m.block_params + m.vocab_size * m.dim) * w.e_c  # gathered
+            else:
+                grads = _stage12_phases(mem, m, w, opts, bucket)
+            opt, grads = _offloaded(mem, m, w, opts, opt, grads)
         if stage == 3 and opts.offload_param != "none":
             where = "host" if opts.offload_param == "cpu" else "nvme"
             setattr(mem, where, getattr(mem, where) + mem.parameters)

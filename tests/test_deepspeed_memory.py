@@ -1,5 +1,5 @@
-"""ZeRO-1/2 peak memory by phase (`backends/deepspeed/spec.py: _stage12_phases`), against the
-phases read off DeepSpeed 0.19.8's `stage_1_and_2.py` by hand, for one rank:
+"""DeepSpeed's peak memory by phase (`backends/deepspeed/spec.py`), against its 0.19.8 source
+read by hand, for one rank. ZeRO-1/2 (`_stage12_phases`, `stage_1_and_2.py`):
 
 - forward: bf16 parameters + master + two moments (R = 14 bytes/param with fp32 masters, 8 with
   bf16) and the activations; no gradients (the step frees them), no buckets;
@@ -7,6 +7,9 @@ phases read off DeepSpeed 0.19.8's `stage_1_and_2.py` by hand, for one rank:
   copy of the bucket being reduced) + the activations not yet freed;
 - the step: R + the gradients + their flattened copy (+ a copy cast to the master dtype): 22
   bytes/param with fp32 masters, 12 with bf16.
+
+ZeRO-3 (`_stage3_phases`, `stage3.py`): bf16 gradient partitions and one fp32 reduce bucket from
+the start, no gathered copies at world size 1, and the step's flatten and cast of one sub-group.
 
 The expected GiB come from an independent script of that reading (not from the planner), for the
 2026-12-03/04 held-out configurations; what those runs measured is in test_planner_measured.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import pytest
 
+from zerofit.backends.deepspeed.spec import sub_groups
 from zerofit.models.shape import shape_from_preset
 from zerofit.planner.memory import Strategy, estimate
 from zerofit.planner.terms import GIB, Workload
@@ -72,3 +76,46 @@ def test_without_overlap_there_is_one_bucket() -> None:
     two = estimate(m, w, Strategy.of("deepspeed", stage=1)).peak_allocated
     one = estimate(m, w, Strategy.of("deepspeed", stage=1, overlap_comm=False)).peak_allocated
     assert two - one == pytest.approx(5e8 * 2, rel=1e-6)
+
+
+BUCKET = 5 * 10**8  # reduce_bucket_size, fp32 (the reduce dtype) in ZeRO-3
+
+
+def test_zero3_step_flattens_and_casts_the_largest_sub_group() -> None:
+    """c with ZeRO-3 + AC (measured 61.30 GiB): bf16 parameters and gradients, fp32 master and
+    moments, the fp32 bucket, and in the step the 1.0B-element sub-group flattened (bf16) and cast
+    (fp32)."""
+    m = SHAPES["3.6B"]
+    P, w = m.num_params, Workload(2, 1024, 1)
+    n = max(sub_groups(m, w))
+    want = P * (2 + 2 + 12) + 4 * BUCKET + n * (2 + 4)
+    got = estimate(m, w, Strategy.of("deepspeed", "full", stage=3)).peak_allocated
+    assert got == pytest.approx(want) and got / GIB == pytest.approx(61.23, abs=0.01)
+
+
+def test_zero3_offload_keeps_parameters_and_the_bucket_on_the_gpu() -> None:
+    """The optimizer on the CPU: the gradient partitions go to pinned host memory with the fp32
+    master, moments and gradients; a sub-group kept on the GPU brings its gradient buffer."""
+    m = SHAPES["1.5B"]
+    P, w = m.num_params, Workload(4, 1024, 1)
+    e = estimate(m, w, Strategy.of("deepspeed", stage=3, offload_optimizer="cpu"))
+    assert (e.parameters, e.gradients, e.optimizer_states) == (2 * P, 0, 0)
+    assert e.buffers == 4 * BUCKET and e.host == pytest.approx(P * (2 + 16))
+    part = Strategy.of("deepspeed", stage=3, offload_optimizer="cpu", offload_ratio=0.5)
+    gpu = sub_groups(m, w)[0]
+    half = estimate(m, w, part)
+    assert half.optimizer_states == pytest.approx(gpu * 12)
+    assert half.gradients == pytest.approx(gpu * 4)
+
+
+def test_zero3_gathers_copies_only_across_ranks_or_from_the_host() -> None:
+    """At world size 1 a gathered parameter is a view of its partition; two ranks, or parameters
+    on the CPU, gather real copies (two blocks and the head in flight)."""
+    m = SHAPES["1.5B"]
+    copies = (2 * m.block_params + m.vocab_size * m.dim) * 2
+    one = estimate(m, Workload(4, 1024, 1), Strategy.of("deepspeed", stage=3))
+    two = estimate(m, Workload(4, 1024, 2), Strategy.of("deepspeed", stage=3))
+    host = Strategy.of("deepspeed", stage=3, offload_optimizer="cpu", offload_param="cpu")
+    off = estimate(m, Workload(4, 1024, 1), host)
+    assert one.buffers == 4 * BUCKET
+    assert two.buffers == off.buffers == pytest.approx(4 * BUCKET + copies)
