@@ -100,8 +100,8 @@ HELD_OUT = [  # (results.json, variant, stated speed error bound): in no fit
 ]
 # What today's forecast misses among the runs above (strict xfail: fixing one makes it XPASS).
 # ZeRO-3 offload with compile and AC, and the 3.6B shape eager, run faster than forecast; memory
-# is over-forecast for ZeRO-3 compiled with the parameters on the GPU (likely: the compiled loss chunk
-# holds less than the eager one the planner counts) and for FSDP2 offload at micro-batch 16.
+# is over-forecast for ZeRO-3 compiled with the parameters on the GPU and for FSDP2 offload at
+# micro-batch 16.
 RUN_MISSES = {  # (results.json, variant) -> {"speed" | "memory": the miss}
     (S4 + "24gb-1.5b-results.json", "planned for 24GB + compile"): {"speed": "-11.6%"},
     (S4 + "24gb-3.6b-results.json", "planned for 24GB"): {"speed": "-25.5%"},

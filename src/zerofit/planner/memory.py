@@ -226,16 +226,21 @@ def saved_after(m: ModelShape, w: Workload, s: Strategy, reduced: float) -> floa
     return blocks * min(1.0, max(0.0, left)) + inflight
 
 
-def logits_bytes(m: ModelShape, w: Workload) -> float:
+def logits_bytes(m: ModelShape, w: Workload, compiled: bool = False) -> float:
     """The output layer + loss. Plain: fp32 log-softmax, its fp32 gradient and the low-precision
     logits, all [tokens, V]. Fused (zerofit.models.loss): one chunk's logits (low precision, fp32
-    and the low-precision gradient) plus the saved fp32 weight gradient and the input gradient."""
+    and the low-precision gradient; compiled, one Inductor kernel: the logits and their gradient,
+    and from the second chunk on the previous chunk's gradient) plus the saved fp32 weight
+    gradient and the input gradient."""
     e_c = BYTES[w.compute_dtype]
     if w.loss_chunk <= 0 or not m.fused_head:  # no fused head: models.shape.hf_head_fallback
         return w.tokens * m.vocab_size * (8 + e_c)
     chunk = min(w.tokens, w.loss_chunk)
+    per = 4 + 2 * e_c
+    if compiled:  # one fused kernel: the logits, their gradient, and the previous chunk's
+        per = 2 * e_c + (e_c if w.tokens > w.loss_chunk else 0)
     head_grad = 0 if w.lora else 4 * m.vocab_size * m.dim  # a LoRA head is frozen
-    return chunk * m.vocab_size * (4 + 2 * e_c) + head_grad + w.tokens * m.dim * e_c
+    return chunk * m.vocab_size * per + head_grad + w.tokens * m.dim * e_c
 
 
 def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:
@@ -247,7 +252,7 @@ def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:
         gradients=e.gradients,
         optimizer_states=e.optimizer_states,
         activations=activation_bytes(m, w, s),
-        logits=logits_bytes(m, w),
+        logits=logits_bytes(m, w, s.compile),
         buffers=e.buffers,
         host=e.host,
         nvme=e.nvme,
