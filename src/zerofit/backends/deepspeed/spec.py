@@ -18,8 +18,8 @@ Offload terms, from DeepSpeed 0.19.8's `runtime/zero/stage3.py` (the version the
   slow"): 2 x local parameters x e_c over PCIe in turn, for every parameter, whatever the ratio.
   With parameter offload, each rank's bf16 partition is fetched in forward and again in
   backward: 2 x P / W x e_c more, to the GPU only. PCIe is full duplex: the fetches share the
-  host-to-GPU direction with the gradients' way up, not the way down (checked on the 2026-12-04
-  24 GB runs, where parameter offload made a step faster, not slower).
+  host-to-GPU direction with the gradients' way up, not the way down (the 2026-12-04 24 GB runs,
+  where parameter offload made a step faster, not slower, are still under-forecast: unexplained).
 - Once per step (`OffloadTime.step`): CPU Adam over the CPU share (CPU_ADAM_BW), that share's
   gradient copied down in the master dtype (`_offload_grad_partition_at_boundary`) and its updated
   parameters up in e_c (not with parameter offload: the partition is on the host already).
