@@ -25,6 +25,8 @@
 #   c13   the 24 GB levers on 1.5B, each AC + compile: FSDP2 offload with fused / foreach CPU
 #         AdamW at 16 x 4; ZeRO-3 with the whole optimizer on the CPU at 8 x 8, parameters too or not.
 #   c14   held-out config a again with a 3-step warm-up (c3 with HELDOUT="a:8:280", runs <= 70 s).
+#   c15   where ZeRO-3 offload's step goes: `zerofit bench --profile` of the 3.6B 24 GB plan,
+#         compiled (its forecast is 25% slow), with 3 warm-up steps.
 # Every group's results.json, every run's metrics.jsonl and summary step losses, the plan outputs
 # and the profile tables go into OUT/all-results.json.
 set -uo pipefail
@@ -143,6 +145,11 @@ compiled36() {  # c10's 3.6B plan, compiled (after c10 wrote plans/3.6b-24gb.yam
   bench 24gb-3.6b-compile 240 1 3 -c "$root/plans/3.6b-24gb.yaml" \
     --variant "planned for 24GB + compile: train.gpu_memory_limit=24GB parallel.compile=true"
 }
+profile36() {  # the 3.6B 24 GB plan compiled, profiled (compute / optimizer / host / idle)
+  [ -f "$root/plans/3.6b-24gb.yaml" ] || plan24 3.6b
+  bench 24gb-3.6b-profile 300 3 2 -c "$root/plans/3.6b-24gb.yaml" --profile \
+    --variant "c10b's run, 8 x 8: train.gpu_memory_limit=24GB parallel.compile=true train.micro_batch_size=8 train.grad_accum_steps=8"
+}
 gpu_tests() {  # the GPU-only tests of this round: FP8 training and the fused head's kernels
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "fp8 or head or loss" > "$root/gpu-tests.txt" 2>&1
   tail -5 "$root/gpu-tests.txt"
@@ -165,6 +172,7 @@ c11) prebuild & fsdp_offload24; wait; bundle; HELDOUT="${HELDOUT:-a:8:230}" held
 c12) prebuild & HELDOUT="${HELDOUT:-c:8:280 b:8:250}" heldout; wait; bundle ;;
 c13) prebuild; levers24; bundle ;;
 c14) prebuild & HELDOUT="a:8:280" HELDOUT_RUN_S=70 heldout; wait; bundle ;;
+c15) prebuild; profile36; bundle ;;
 c4) fp8_8b; bundle; builtin_vs_hf; bundle ;;
 c5) fp8_loss_1b; bundle ;;
 *) echo "unknown phase $phase"; exit 2 ;;
