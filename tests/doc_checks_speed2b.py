@@ -4,12 +4,11 @@ names; the planner's forecasts of those runs are today's (they change when the p
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-DATA = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "data"
+from doc_checks_speed2 import _load, _row, _runs
+
 DOC = "docs/benchmarks/2026-12-04-speed2-h200.md"
 S4 = "2026-12-04-speed2-h200/"
 C10, C10B, C13 = S4 + "c10-all-results.json", S4 + "c10b-all-results.json", S4 + "c13-all-results.json"  # fmt: skip
@@ -28,18 +27,6 @@ RUNS = [  # (group results.json under data/, variant): the runs the forecast tab
     (S4 + "24gb-1.5b-levers-results.json", "zero3 optim+params cpu 8x8 compile"),
     (S4 + "24gb-1.5b-levers-results.json", "zero3 optim cpu 8x8 compile"),
 ]
-
-
-def _load(rel: str) -> Any:
-    return json.loads((DATA / rel).read_text())
-
-
-def _runs(rel: str, group: str) -> dict[str, dict]:
-    return {r["name"]: r for r in _load(rel)["results"][group]["results"]}
-
-
-def _row(r: dict) -> list:
-    return [r["tokens_per_s"], 100 * r["mfu"], r["step_time_s"], r["mem_alloc_gib"]]
 
 
 def rehearsal() -> dict[str, list]:
@@ -93,25 +80,13 @@ def levers_summary() -> list[str]:
     ]
 
 
-def _forecast(results: str, variant: str) -> tuple[float, float, float, float]:
-    """(forecast tokens/s, measured, forecast peak GiB, measured) by today's planner."""
-    from test_planner_measured import GIB, H200, replay
-
-    from zerofit.models.shape import shape_from_config
-    from zerofit.planner.memory import estimate, strategy_for, workload_for
-    from zerofit.planner.speed import predict
-
-    cfg, run = replay(results, variant)
-    shape, work, strategy = shape_from_config(cfg), workload_for(cfg, 1), strategy_for(cfg)
-    tps = predict(shape, work, strategy, H200).tokens_per_s
-    mem = estimate(shape, work, strategy).peak_allocated / GIB
-    return tps, run["tokens_per_s"], mem, run["mem_alloc_gib"]
-
-
 def forecasts() -> dict[str, list]:
     out = {}
+    from test_planner_measured import forecast
+
     for results, variant in RUNS:
-        tps, got, mem, used = _forecast(results, variant)
+        tps, mem, run = forecast(results, variant)
+        got, used = run["tokens_per_s"], run["mem_alloc_gib"]
         size = "3.6B" if "3.6b" in results else "1.5B"
         out[f"{size} | {variant}"] = [
             [tps, got],

@@ -198,13 +198,18 @@ def replay(results: str, variant: str) -> tuple[object, dict]:
     return load_config(config, [*shared, *run["overrides"]]), run
 
 
-def errors(results: str, variant: str) -> tuple[float, float]:
-    """(speed error, memory error) of the prediction: predicted / measured - 1."""
+def forecast(results: str, variant: str) -> tuple[float, float, dict]:
+    """Today's forecast of a bench variant on one H200: (tokens/s, peak allocated GiB, the run)."""
     cfg, run = replay(results, variant)
     shape, work, strategy = shape_from_config(cfg), workload_for(cfg, 1), strategy_for(cfg)
-    speed = predict(shape, work, strategy, H200).tokens_per_s / run["tokens_per_s"] - 1
-    memory = estimate(shape, work, strategy).peak_allocated / GIB / run["mem_alloc_gib"] - 1
-    return speed, memory
+    tps = predict(shape, work, strategy, H200).tokens_per_s
+    return tps, estimate(shape, work, strategy).peak_allocated / GIB, run
+
+
+def errors(results: str, variant: str) -> tuple[float, float]:
+    """(speed error, memory error) of the prediction: predicted / measured - 1."""
+    tps, memory, run = forecast(results, variant)
+    return tps / run["tokens_per_s"] - 1, memory / run["mem_alloc_gib"] - 1
 
 
 def checked(runs: list[tuple[str, str, float]], what: str) -> list:

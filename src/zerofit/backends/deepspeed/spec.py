@@ -109,6 +109,11 @@ def _offloaded(
     return opt, grads
 
 
+def _norm_copy(m: ModelShape) -> float:
+    """The gradient norm's fp64 copy of one tensor at a time: the largest parameter's."""
+    return 8 * max(m.vocab_size * m.dim, m.dim * m.ffn_dim)
+
+
 def _stage12_phases(
     mem: EngineMemory, m: ModelShape, w: Workload, opts: DeepSpeedOptions, bucket: float
 ) -> float:
@@ -125,8 +130,7 @@ def _stage12_phases(
     mem.backward = ((bucket, buckets), (2 * bucket, buckets + cast))
     if opts.offload_optimizer == "none":  # the step flattens the gradients, then casts them
         flat = local * w.e_c + (local * w.e_m if w.e_m != w.e_c else 0.0)
-        largest = max(m.vocab_size * m.dim, m.dim * m.ffn_dim)
-        mem.step_buffers = max(flat, 8 * largest)  # or the norm's fp64 copy of one tensor
+        mem.step_buffers = max(flat, _norm_copy(m))
     if W > 1:  # the all-gather of the updated parameters, after the step's temporaries
         gather = min(opts.allgather_bucket_size, T) if w.lora else opts.allgather_bucket_size
         mem.step_buffers = max(mem.step_buffers, gather * w.e_c)
@@ -157,7 +161,7 @@ def _stage3_phases(
         return (1 - r) * opt, (1 - r) * local * w.e_m  # GPU sub-groups keep a gradient buffer
     largest = max(groups)
     cast = largest * w.e_m if w.e_m != w.e_c else 0.0
-    mem.step_buffers = max(largest * w.e_c + cast, 8 * max(head, m.dim * m.ffn_dim))
+    mem.step_buffers = max(largest * w.e_c + cast, _norm_copy(m))
     mem.backward = ((bucket, reduce),)
     return opt, grads
 
