@@ -27,6 +27,8 @@
 #   c14   held-out config a again with a 3-step warm-up (c3 with HELDOUT="a:8:280", runs <= 70 s).
 #   c15   where ZeRO-3 offload's step goes: `zerofit bench --profile` of the 3.6B 24 GB plan,
 #         compiled (its forecast is 25% slow), with 3 warm-up steps.
+#   c16   fp32 masters at 8B, micro-batch 4: full AC against `first_k` (the first 12/14/16/20 of 32
+#         blocks recompute; the later ones keep their activations, freed first in backward).
 # Every group's results.json, every run's metrics.jsonl and summary step losses, the plan outputs
 # and the profile tables go into OUT/all-results.json.
 set -uo pipefail
@@ -150,6 +152,15 @@ profile36() {  # the 3.6B 24 GB plan compiled, profiled (compute / optimizer / h
   bench 24gb-3.6b-profile 300 3 2 -c "$root/plans/3.6b-24gb.yaml" --profile \
     --variant "c10b's run, 8 x 8: train.gpu_memory_limit=24GB parallel.compile=true train.micro_batch_size=8 train.grad_accum_steps=8"
 }
+fp32_8b_first_k() {  # fp32 masters at 8B, micro-batch 4: full AC against recomputing the first k blocks only
+  local f="parallel.backend=fsdp $fp32 train.micro_batch_size=4 train.grad_accum_steps=1"
+  bench 8b-fp32-first-k 150 2 6 -c $E8 \
+    --variant "fsdp fp32-states AC mbs4: $f parallel.activation_checkpointing=full" \
+    --variant "fsdp fp32-states AC first 16 mbs4: $f parallel.activation_checkpointing=first_k parallel.ac_blocks=16" \
+    --variant "fsdp fp32-states AC first 20 mbs4: $f parallel.activation_checkpointing=first_k parallel.ac_blocks=20" \
+    --variant "fsdp fp32-states AC first 14 mbs4: $f parallel.activation_checkpointing=first_k parallel.ac_blocks=14" \
+    --variant "fsdp fp32-states AC first 12 mbs4: $f parallel.activation_checkpointing=first_k parallel.ac_blocks=12"
+}
 gpu_tests() {  # the GPU-only tests of this round: FP8 training and the fused head's kernels
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "fp8 or head or loss" > "$root/gpu-tests.txt" 2>&1
   tail -5 "$root/gpu-tests.txt"
@@ -173,6 +184,7 @@ c12) prebuild & HELDOUT="${HELDOUT:-c:8:280 b:8:250}" heldout; wait; bundle ;;
 c13) prebuild; levers24; bundle ;;
 c14) prebuild & HELDOUT="a:8:280" HELDOUT_RUN_S=70 heldout; wait; bundle ;;
 c15) prebuild; profile36; bundle ;;
+c16) fp32_8b_first_k; bundle ;;
 c4) fp8_8b; bundle; builtin_vs_hf; bundle ;;
 c5) fp8_loss_1b; bundle ;;
 *) echo "unknown phase $phase"; exit 2 ;;

@@ -28,6 +28,9 @@ VARIANTS = {
     "fsdp_cpu_offload": {"parallel": {"backend": "fsdp", "fsdp": {"cpu_offload": True}}},
     "fsdp_ac_full": {"parallel": {"backend": "fsdp", "activation_checkpointing": "full"}},
     "fsdp_ac_selective": {"parallel": {"backend": "fsdp", "activation_checkpointing": "selective"}},
+    "fsdp_ac_first_k": {
+        "parallel": {"backend": "fsdp", "activation_checkpointing": "first_k", "ac_blocks": 1}
+    },
     "fsdp_size_wrap_ac_every2": {
         "parallel": {
             "backend": "fsdp",

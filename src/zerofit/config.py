@@ -234,6 +234,12 @@ def validate(cfg: Config) -> None:
             f"precision.fp8={cfg.precision.fp8} with LoRA (model.lora.rank > 0) is not supported: "
             "train the adapters in bf16 (precision.fp8: none)"
         )
+    p = cfg.parallel
+    if (p.activation_checkpointing == "first_k") != (p.ac_blocks is not None):
+        raise UserError(
+            "parallel.ac_blocks goes with parallel.activation_checkpointing: first_k (how many "
+            "blocks, from the input side, recompute): give both or neither"
+        )
     if cfg.parallel.backend in SECTIONS:  # `auto` is checked once the planner has picked
         from zerofit.backends import get_engine
 

@@ -24,6 +24,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from zerofit.errors import UserError
 from zerofit.models import loss
 from zerofit.models.llama import strip_wrapper_names
 from zerofit.models.meta import allocate_
@@ -59,12 +60,32 @@ def _saved_ops() -> set[object]:
 _SAVED_OPS = _saved_ops()
 
 
-def apply_ac(blocks: nn.ModuleList, mode: str, every: int = 1) -> int:
-    """Activation checkpointing. 'full' recomputes every block, 'every_k' every `every`-th block;
+def checkpointed_blocks(
+    mode: str, n_blocks: int, every: int = 2, first: int | None = None
+) -> list[int]:
+    """The indices of the blocks that recompute in backward under `mode` (see `apply_ac`)."""
+    if mode == "none":
+        return []
+    if mode == "every_k":
+        return list(range(0, n_blocks, every))
+    if mode == "first_k":
+        k = first or 0
+        if k > n_blocks:
+            raise UserError(
+                f"parallel.ac_blocks={k}: the model has {n_blocks} blocks (first_k recomputes "
+                f"the first ac_blocks of them; {n_blocks} is full checkpointing)"
+            )
+        return list(range(k))
+    return list(range(n_blocks))
+
+
+def apply_ac(blocks: nn.ModuleList, mode: str, every: int = 2, first: int | None = None) -> int:
+    """Activation checkpointing. 'full' recomputes every block, 'every_k' every `every`-th block,
+    'first_k' the first `first` blocks (Megatron's "block" method: backward reaches the later
+    blocks first, so their saved activations are freed while few gradients exist yet);
     'selective' (op-level, as torchtitan's) keeps the outputs of matmuls and attention and recomputes
     only the cheap ops between them (norms, RoPE, SiLU, products). Returns the blocks wrapped."""
-    if mode == "none":
-        return 0
+    chosen = checkpointed_blocks(mode, len(blocks), every, first)
     kwargs: dict = {}
     if mode == "selective":
         from functools import partial
@@ -72,13 +93,9 @@ def apply_ac(blocks: nn.ModuleList, mode: str, every: int = 1) -> int:
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
         kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _save_matmuls_policy)
-    step = every if mode == "every_k" else 1
-    wrapped = 0
-    for i, block in enumerate(list(blocks)):
-        if i % step == 0:
-            blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False, **kwargs)
-            wrapped += 1
-    return wrapped
+    for i in chosen:
+        blocks[i] = checkpoint_wrapper(blocks[i], preserve_rng_state=False, **kwargs)
+    return len(chosen)
 
 
 def apply_compile(blocks: nn.ModuleList) -> None:

@@ -202,10 +202,22 @@ class ParallelCommon:
         "fsdp"
     )
     activation_checkpointing: A[
-        Literal["none", "full", "every_k", "selective"],
-        doc("recompute in backward: whole blocks, every k-th, or all but matmul/attention outputs"),
+        Literal["none", "full", "every_k", "first_k", "selective"],
+        doc(
+            "recompute in backward: whole blocks, every k-th, the first k (the rest keep their "
+            "activations), or all but matmul/attention outputs"
+        ),
     ] = "none"
     ac_every: A[Int, doc("every_k: checkpoint every k-th block", ge=1, le=2**20)] = 2
+    ac_blocks: A[
+        Int | None,
+        doc(
+            "first_k: how many blocks, from the input side, recompute; the later ones, whose "
+            "activations backward frees first, keep theirs (`zerofit plan` picks the fewest that fit)",
+            ge=0,
+            le=2**20,
+        ),
+    ] = None
     compile: A[Bool, doc("torch.compile each transformer block")] = False
 
 

@@ -24,7 +24,12 @@ class DDPBackend(TorchBackend):
         cast_frozen_(module, self.param_dtype)  # a LoRA base: stored as it is computed
         fp8.convert(module, self.precision.fp8, self.ctx.device, fsdp_all_gather=False)
         blocks = get_blocks(module, spec.blocks_path)
-        apply_ac(blocks, self.parallel.activation_checkpointing, self.parallel.ac_every)
+        apply_ac(
+            blocks,
+            self.parallel.activation_checkpointing,
+            self.parallel.ac_every,
+            self.parallel.ac_blocks,
+        )
         if self.parallel.compile:
             apply_compile(blocks)
         materialize_from_spec(module, self.ctx.device, spec, init_seed)

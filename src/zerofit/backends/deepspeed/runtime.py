@@ -87,7 +87,12 @@ class DeepSpeedBackend(Backend):
             from deepspeed.utils import set_z3_leaf_modules
 
             set_z3_leaf_modules(module, [type(blocks[0])])
-        apply_ac(blocks, self.parallel.activation_checkpointing, self.parallel.ac_every)
+        apply_ac(
+            blocks,
+            self.parallel.activation_checkpointing,
+            self.parallel.ac_every,
+            self.parallel.ac_blocks,
+        )
         if self.parallel.compile and stage < 3:
             apply_compile(blocks)
         elif self.parallel.compile:  # ZeRO-3 gathers in module hooks: compile inside them

@@ -29,7 +29,7 @@ class FSDPBackend(TorchBackend):
         self.fp8_scales = self.precision.fp8 == "tensorwise"
         fp8.convert(module, self.precision.fp8, self.ctx.device, self.fp8_scales)
         blocks = get_blocks(module, spec.blocks_path)
-        apply_ac(blocks, p.activation_checkpointing, p.ac_every)
+        apply_ac(blocks, p.activation_checkpointing, p.ac_every, p.ac_blocks)
         if p.compile:
             apply_compile(blocks)
         apply_fsdp(
