@@ -47,6 +47,7 @@ class Result:
     step_time_s: float | None = None
     mem_alloc_gib: float | None = None
     mem_reserved_gib: float | None = None
+    alloc_retries: int | None = None  # the caching allocator's cudaMalloc retries (memory pressure)
     final_loss: float | None = None
     measured_steps: int = 0
     wall_s: float = 0.0
@@ -128,7 +129,11 @@ def measure(summary: dict[str, Any], warmup: int, count: int | None = None) -> d
         raise ValueError("no measured steps")
     median = statistics.median(times)
     tps = summary["tokens_per_step"] / median
-    extra = {k: summary[k] for k in ("mem_alloc_gib", "mem_reserved_gib") if k in summary}
+    extra = {
+        k: summary[k]
+        for k in ("mem_alloc_gib", "mem_reserved_gib", "alloc_retries")
+        if k in summary
+    }
     if "mem_rss_gib" in summary:  # CPU: peak host RSS of rank 0
         extra = {"mem_alloc_gib": summary["mem_rss_gib"]}
     real = summary.get("step_real_tokens", [])[warmup:end]

@@ -23,6 +23,7 @@ COLUMNS: list[tuple[str, str, str]] = [  # (Result attribute, header, format)
     ("step_time_s", "step s (median)", "{:.3f}"),
     ("mem_alloc_gib", "peak alloc GiB", "{:.1f}"),
     ("mem_reserved_gib", "peak reserved GiB", "{:.1f}"),
+    ("alloc_retries", "alloc retries", "{:,}"),
     ("final_loss", "final loss", "{:.4f}"),
 ]
 

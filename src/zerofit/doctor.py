@@ -181,7 +181,10 @@ def oom_advice(cfg: Config, world: int, gpu_mem: int) -> str:
     predicted, parts = predicted_peak(cfg, world)
     biggest = max((k for k in parts if k != "overhead"), key=parts.get)  # type: ignore[arg-type]
     tries: list[tuple[str, dict[str, Any]]] = [
-        ("turn on activation checkpointing", {"parallel.activation_checkpointing": "full"}),
+        (
+            "turn on activation checkpointing",
+            {"parallel.activation_checkpointing": "full", "parallel.ac_blocks": None},
+        ),
         (
             f"halve the micro-batch to {max(1, cfg.train.micro_batch_size // 2)} (and double grad_accum_steps)",
             {
@@ -196,7 +199,10 @@ def oom_advice(cfg: Config, world: int, gpu_mem: int) -> str:
     if capped:
         advice += f"; the GPU was capped at {gpu_mem / GIB:.1f} GiB by train.gpu_memory_limit"
     for text, fields in tries:
-        new = with_fields(cfg, fields)
+        try:
+            new = with_fields(cfg, fields)
+        except UserError:  # a remedy this config cannot take
+            continue
         peak, _ = predicted_peak(new, world)
         if peak * 1.1 + 0.6 < gpu_mem / GIB:
             return f"{advice}; next step: {text} (predicted {peak:.1f} GiB)"

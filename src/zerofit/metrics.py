@@ -50,11 +50,14 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:
-    """Peak GPU allocated/reserved GiB, or peak host RSS GiB on CPU."""
+    """Peak GPU allocated/reserved GiB and the caching allocator's retries so far (each a cudaMalloc
+    that failed, freed the cache and synchronized: a run that slows near the card's limit), or
+    peak host RSS GiB on CPU."""
     if device.type == "cuda":
         return {
             "mem_alloc_gib": torch.cuda.max_memory_allocated(device) / 2**30,
             "mem_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+            "alloc_retries": torch.cuda.memory_stats(device).get("num_alloc_retries", 0),
         }
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     scale = 1 if sys.platform != "darwin" else 1 / 1024
