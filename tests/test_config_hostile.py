@@ -208,11 +208,20 @@ def test_every_integer_field_is_bounded() -> None:
 INT_RANGES = int_bounds()
 
 
+# Fields valid only next to another one (config.validate checks the pair); the range test sets both.
+COMPANIONS: dict[str, dict[str, typing.Any]] = {
+    "parallel.ac_blocks": {"parallel.activation_checkpointing": "first_k"},
+}
+
+
 def _with(dotted: str, value: typing.Any) -> dict:
-    *parents, leaf = dotted.split(".")
-    tree: dict = {leaf: value}
-    for part in reversed(parents):
-        tree = {part: tree}
+    tree: dict = {}
+    for name, leaf_value in {dotted: value, **COMPANIONS.get(dotted, {})}.items():
+        *parents, leaf = name.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = leaf_value
     return tree
 
 
