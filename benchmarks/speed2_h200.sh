@@ -29,6 +29,8 @@
 #         compiled (its forecast is 25% slow), with 3 warm-up steps.
 #   c16   fp32 masters at 8B, micro-batch 4: full AC against `first_k` (the first 12/14/16/20 of 32
 #         blocks recompute; the later ones keep their activations, freed first in backward).
+#   c17   why c16's first_k was slower: full AC and first_k profiled at micro-batch 4 (near the
+#         card's limit) and 2 (far from it), with the allocator's retries counted.
 # Every group's results.json, every run's metrics.jsonl and summary step losses, the plan outputs
 # and the profile tables go into OUT/all-results.json.
 set -uo pipefail
@@ -161,6 +163,15 @@ fp32_8b_first_k() {  # fp32 masters at 8B, micro-batch 4: full AC against recomp
     --variant "fsdp fp32-states AC first 14 mbs4: $f parallel.activation_checkpointing=first_k parallel.ac_blocks=14" \
     --variant "fsdp fp32-states AC first 12 mbs4: $f parallel.activation_checkpointing=first_k parallel.ac_blocks=12"
 }
+first_k_why() {  # c16 found first_k slower than full AC at mbs 4 (near the card's limit): profiled, and
+  # again at mbs 2 (far from it), with the allocator's retries counted
+  local f="parallel.backend=fsdp $fp32 train.grad_accum_steps=1"
+  bench 8b-fp32-first-k-why 150 2 5 -c $E8 --profile 1 \
+    --variant "fsdp fp32-states AC mbs4: $f train.micro_batch_size=4 parallel.activation_checkpointing=full" \
+    --variant "fsdp fp32-states AC first 20 mbs4: $f train.micro_batch_size=4 parallel.activation_checkpointing=first_k parallel.ac_blocks=20" \
+    --variant "fsdp fp32-states AC mbs2: $f train.micro_batch_size=2 parallel.activation_checkpointing=full" \
+    --variant "fsdp fp32-states AC first 16 mbs2: $f train.micro_batch_size=2 parallel.activation_checkpointing=first_k parallel.ac_blocks=16"
+}
 gpu_tests() {  # the GPU-only tests of this round: FP8 training and the fused head's kernels
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "fp8 or head or loss" > "$root/gpu-tests.txt" 2>&1
   tail -5 "$root/gpu-tests.txt"
@@ -185,6 +196,7 @@ c13) prebuild; levers24; bundle ;;
 c14) prebuild & HELDOUT="a:8:280" HELDOUT_RUN_S=70 heldout; wait; bundle ;;
 c15) prebuild; profile36; bundle ;;
 c16) fp32_8b_first_k; bundle ;;
+c17) first_k_why; bundle ;;
 c4) fp8_8b; bundle; builtin_vs_hf; bundle ;;
 c5) fp8_loss_1b; bundle ;;
 *) echo "unknown phase $phase"; exit 2 ;;
