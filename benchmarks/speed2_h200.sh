@@ -31,6 +31,7 @@
 #         blocks recompute; the later ones keep their activations, freed first in backward).
 #   c17   why c16's first_k was slower: full AC and first_k profiled at micro-batch 4 (near the
 #         card's limit) and 2 (far from it), with the allocator's retries counted.
+#   c18   the planner's 1.5B 24 GB plan now that it proposes first_k: as written, and with full AC.
 # Every group's results.json, every run's metrics.jsonl and summary step losses, the plan outputs
 # and the profile tables go into OUT/all-results.json.
 set -uo pipefail
@@ -172,6 +173,13 @@ first_k_why() {  # c16 found first_k slower than full AC at mbs 4 (near the card
     --variant "fsdp fp32-states AC mbs2: $f train.micro_batch_size=2 parallel.activation_checkpointing=full" \
     --variant "fsdp fp32-states AC first 16 mbs2: $f train.micro_batch_size=2 parallel.activation_checkpointing=first_k parallel.ac_blocks=16"
 }
+first_k24() {  # the planner now proposes first_k: its 1.5B 24 GB plan as written, and with full AC
+  plan24 1.5b
+  cat "$root/plans/1.5b-24gb.yaml" | grep -A3 "activation_checkpointing"
+  bench 24gb-1.5b-first-k 240 2 3 -c "$root/plans/1.5b-24gb.yaml" \
+    --variant "planned for 24GB: train.gpu_memory_limit=24GB" \
+    --variant "planned for 24GB, full AC: train.gpu_memory_limit=24GB parallel.activation_checkpointing=full parallel.ac_blocks=null"
+}
 gpu_tests() {  # the GPU-only tests of this round: FP8 training and the fused head's kernels
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "fp8 or head or loss" > "$root/gpu-tests.txt" 2>&1
   tail -5 "$root/gpu-tests.txt"
@@ -197,6 +205,7 @@ c14) prebuild & HELDOUT="a:8:280" HELDOUT_RUN_S=70 heldout; wait; bundle ;;
 c15) prebuild; profile36; bundle ;;
 c16) fp32_8b_first_k; bundle ;;
 c17) first_k_why; bundle ;;
+c18) prebuild; first_k24; bundle ;;
 c4) fp8_8b; bundle; builtin_vs_hf; bundle ;;
 c5) fp8_loss_1b; bundle ;;
 *) echo "unknown phase $phase"; exit 2 ;;

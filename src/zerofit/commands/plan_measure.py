@@ -150,6 +150,7 @@ def compare(
         "plan": {
             "backend": s.backend,
             "activation_checkpointing": s.activation_checkpointing,
+            "ac_blocks": s.ac_blocks,
             "compile": s.compile,
             "options": dataclasses.asdict(s.options),
         },
@@ -298,6 +299,7 @@ def replay(
     strategy = Strategy.of(
         p["backend"], p["activation_checkpointing"], p["compile"], **p["options"]
     )
+    strategy = dataclasses.replace(strategy, ac_blocks=p.get("ac_blocks"))
     return ModelShape(**shape), Workload(**work), Hardware(**meta["hardware"]), strategy
 
 

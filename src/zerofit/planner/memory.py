@@ -43,11 +43,13 @@ from typing import Any
 from zerofit.backends import engine_of, get_engine
 from zerofit.config import resolve_precision
 from zerofit.models.shape import ModelShape, shape_from_config
+from zerofit.parallelize import checkpointed_blocks
 from zerofit.planner.terms import BYTES, GIB, Adapters, EngineMemory, Workload
 from zerofit.schema import Config
 
 CUDA_CONTEXT = 600 * 2**20  # measured order of the CUDA context + cuBLAS workspace on Hopper
 FRAGMENTATION = 0.08  # reserved / allocated - 1 seen on steady training loops
+BLOCK_AC = ("full", "every_k", "first_k")  # modes that recompute whole blocks
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,10 @@ class Strategy:
 
     backend: str
     options: Any  # the engine's `parallel.<backend>` section
-    activation_checkpointing: str = "none"  # none | full | selective
+    activation_checkpointing: str = "none"  # none | full | every_k | first_k | selective
     compile: bool = False
+    ac_blocks: int | None = None  # first_k: blocks that recompute (None: the planner's fewest that fit)
+    ac_every: int = 2  # every_k: every k-th block recomputes
 
     @classmethod
     def of(
@@ -78,8 +82,20 @@ class Strategy:
 
     @property
     def label(self) -> str:
-        suffix = {"full": " + AC", "selective": " + SAC"}.get(self.activation_checkpointing, "")
+        suffix = {
+            "full": " + AC",
+            "selective": " + SAC",
+            "first_k": f" + AC first {'k' if self.ac_blocks is None else self.ac_blocks}",
+            "every_k": f" + AC every {self.ac_every}",
+        }.get(self.activation_checkpointing, "")
         return self.engine.label(self.options) + suffix
+
+    def checkpointed(self, n_blocks: int) -> int:
+        """How many of `n_blocks` blocks recompute whole in backward (0 for none and selective)."""
+        mode = self.activation_checkpointing
+        if mode not in BLOCK_AC:
+            return 0
+        return len(checkpointed_blocks(mode, n_blocks, self.ac_every, self.ac_blocks))
 
     def overrides(self) -> dict[str, object]:
         """The zerofit config fields that select this strategy."""
@@ -87,17 +103,21 @@ class Strategy:
             "parallel.backend": self.backend,
             "parallel.activation_checkpointing": self.activation_checkpointing,
             "parallel.compile": self.compile,
+            "parallel.ac_blocks": self.ac_blocks if self.activation_checkpointing == "first_k" else None,
         }
+        if self.activation_checkpointing == "every_k":
+            out["parallel.ac_every"] = self.ac_every
         for key in self.engine.plan_keys:
             out[f"parallel.{self.backend}.{key}"] = getattr(self.options, key)
         return out
 
 
 def strategy_for(cfg: Config) -> Strategy:
-    """The strategy a (not `auto`) zerofit config selects (every_k checkpointing counts as full)."""
+    """The strategy a (not `auto`) zerofit config selects."""
     p, eng = cfg.parallel, engine_of(cfg)
-    ac = {"none": "none", "selective": "selective"}.get(p.activation_checkpointing, "full")
-    return Strategy(p.backend, eng.opts(cfg), ac, p.compile)
+    return Strategy(
+        p.backend, eng.opts(cfg), p.activation_checkpointing, p.compile, p.ac_blocks, p.ac_every
+    )
 
 
 def workload_for(cfg: Config, world_size: int, device_type: str = "cuda") -> Workload:
@@ -196,20 +216,37 @@ def block_activation_bytes(m: ModelShape, tokens: int, e_c: int, compiled: bool 
 def activation_parts(m: ModelShape, w: Workload, s: Strategy) -> tuple[float, float, float]:
     """Saved activations as (what every block keeps, all blocks; the one block being recomputed
     under activation checkpointing; the tail: final norm and output-layer input)."""
+    blocks = block_saved(m, w, s)
+    e_c = BYTES[w.compute_dtype]
+    recomputes = s.activation_checkpointing == "selective" or s.checkpointed(m.n_layers) > 0
+    inflight = block_activation_bytes(m, w.tokens, e_c, s.compile) if recomputes else 0.0
+    if recomputes and w.lora:
+        inflight += w.lora.activation_bytes(w.tokens, e_c)
+    tail = w.tokens * (8 * m.dim + 4 + e_c * m.dim)  # final norm + output-layer input
+    return sum(blocks), inflight, tail
+
+
+def block_saved(m: ModelShape, w: Workload, s: Strategy) -> list[float]:
+    """What each block keeps saved for backward, from the input side: a recomputed block (full,
+    every_k, first_k: `Strategy.checkpointed`) only its input, the residual stream; selective AC
+    the matmul and attention outputs; any other block all it saves."""
     e_c = BYTES[w.compute_dtype]
     per_block = block_activation_bytes(m, w.tokens, e_c, s.compile)
     if w.lora:
         per_block += w.lora.activation_bytes(w.tokens, e_c)
-    tail = w.tokens * (8 * m.dim + 4 + e_c * m.dim)  # final norm + output-layer input
     if s.activation_checkpointing == "selective":  # matmul + attention outputs, and block inputs
         kv = m.n_kv_heads * m.head_dim
         saved = e_c * (5 * m.dim + 2 * kv + 2 * m.ffn_dim) + 4 * m.n_heads
-        return m.n_layers * w.tokens * saved, per_block, tail
-    if s.activation_checkpointing == "full":
-        # (a LoRA base is stored in e_c, its embedding output too: the residual stream follows)
-        residual = 4 if s.engine.fp32_checkpoints and not w.lora else e_c
-        return m.n_layers * w.tokens * m.dim * residual, per_block, tail
-    return m.n_layers * per_block, 0.0, tail
+        return [w.tokens * saved] * m.n_layers
+    # (a LoRA base is stored in e_c, its embedding output too: the residual stream follows)
+    residual = 4 if s.engine.fp32_checkpoints and not w.lora else e_c
+    kept = w.tokens * m.dim * residual
+    recomputed = set(
+        checkpointed_blocks(s.activation_checkpointing, m.n_layers, s.ac_every, s.ac_blocks)
+        if s.activation_checkpointing in BLOCK_AC
+        else ()
+    )
+    return [kept if i in recomputed else per_block for i in range(m.n_layers)]
 
 
 def activation_bytes(m: ModelShape, w: Workload, s: Strategy) -> float:
@@ -219,11 +256,14 @@ def activation_bytes(m: ModelShape, w: Workload, s: Strategy) -> float:
 def saved_after(m: ModelShape, w: Workload, s: Strategy, reduced: float) -> float:
     """Activations still saved once backward has produced the gradients of `reduced` parameters:
     it runs from the output layer down, freeing each block's saved tensors as it passes (the
-    tail's go with the output layer)."""
-    blocks, inflight, _ = activation_parts(m, w, s)
+    tail's go with the output layer), so the blocks left are those nearest the input."""
+    blocks = block_saved(m, w, s)
+    _, inflight, _ = activation_parts(m, w, s)
     head = m.vocab_size * m.dim + m.dim  # output layer + final norm, reduced first
-    left = 1.0 - (reduced - head) / (m.n_layers * m.block_params)
-    return blocks * min(1.0, max(0.0, left)) + inflight
+    left = min(1.0, max(0.0, 1.0 - (reduced - head) / (m.n_layers * m.block_params)))
+    whole, part = divmod(left * len(blocks), 1.0)
+    n = int(whole)
+    return sum(blocks[:n]) + (part * blocks[n] if n < len(blocks) else 0.0) + inflight
 
 
 def logits_bytes(m: ModelShape, w: Workload, compiled: bool = False) -> float:

@@ -3,8 +3,9 @@
 The recommendation is the fastest strategy that fits. Nothing is special-cased: the seed's decision
 guide (under 24 GB: ZeRO-3 + CPU offload; 40 GB and up: FSDP + bf16) has to come out of the numbers.
 
-The strategies (`candidates`): every engine's option sets, each without, with selective and with
-full activation checkpointing, all with the config's own `parallel.compile`. An engine whose
+The strategies (`candidates`): every engine's option sets, each without, with selective, with the
+fewest first blocks that fit (`first_k`, `fewest_blocks`) and with full activation checkpointing,
+all with the config's own `parallel.compile`. An engine whose
 `validate` refuses the config (DeepSpeed with `precision.fp8`) is left out (`left_out`), and the
 plan says so in one line.
 
@@ -58,7 +59,7 @@ class Option:
     workload: Workload | None = None  # what it was evaluated at (its micro-batch x accumulation)
 
 
-AC_MODES = ("none", "selective", "full")  # activation checkpointing, least recompute first
+AC_MODES = ("none", "selective", "first_k", "full")  # activation checkpointing, least recompute first
 
 
 def left_out(base: Config | None = None) -> dict[str, str]:
@@ -145,6 +146,10 @@ def _host_reason(mem: Memory, hw: Hardware) -> str | None:
 
 
 def evaluate(m: ModelShape, w: Workload, hw: Hardware, s: Strategy) -> Option:
+    """Strategy `s` at workload `w`: its memory, speed and whether it fits. A `first_k` strategy
+    without its count recomputes the fewest blocks that fit (`fewest_blocks`)."""
+    if s.activation_checkpointing == "first_k" and s.ac_blocks is None:
+        return fewest_blocks(m, w, hw, s)
     mem = estimate(m, w, s)
     speed = predict(m, w, s, hw)
     reasons = []
@@ -160,6 +165,22 @@ def evaluate(m: ModelShape, w: Workload, hw: Hardware, s: Strategy) -> Option:
     if mem.nvme and mem.nvme * hw.gpus_per_node > hw.nvme:
         reasons.append(f"needs {mem.nvme * hw.gpus_per_node / 1e12:.2f} TB NVMe")
     return Option(s, mem, speed, not reasons, "; ".join(reasons), w)
+
+
+def fewest_blocks(m: ModelShape, w: Workload, hw: Hardware, s: Strategy) -> Option:
+    """`first_k` with the fewest recomputed blocks that fit, from 1 to all but one (none and all
+    are the `none` and `full` strategies), by bisection: each block recomputed saves memory and
+    costs speed. When even all but one do not fit, that option (not fitting)."""
+    last = max(1, m.n_layers - 1)
+    tried: dict[int, Option] = {}
+
+    def at(i: int) -> Option:  # i = 0 .. last - 1: first_k with i + 1 blocks
+        if i not in tried:
+            tried[i] = evaluate(m, w, hw, replace(s, ac_blocks=i + 1))
+        return tried[i]
+
+    found = _first_fitting(last, at)
+    return at(last - 1 if found is None else found)
 
 
 def batch_splits(
@@ -196,9 +217,9 @@ def batch_splits(
     return kept
 
 
-def _largest_fitting(count: int, at: Callable[[int], Option]) -> int | None:
-    """The first index (the largest micro-batch) of splits whose option fits, by bisection:
-    a larger micro-batch never needs less memory. None when even the smallest does not fit."""
+def _first_fitting(count: int, at: Callable[[int], Option]) -> int | None:
+    """The first index whose option fits, by bisection over options that need no more memory
+    as the index grows (smaller micro-batches, more recomputed blocks). None when none fits."""
     lo, hi = 0, count
     while lo < hi:
         mid = (lo + hi) // 2
@@ -222,7 +243,7 @@ def _variant(
             seen[i] = evaluate(m, replace(w, micro_batch_size=mb, grad_accum_steps=acc), hw, s)
         return seen[i]
 
-    first = _largest_fitting(len(splits), at)
+    first = _first_fitting(len(splits), at)
     if first is None:
         return [], at(len(splits) - 1)
     last = min(first + MAX_SPLITS, len(splits))

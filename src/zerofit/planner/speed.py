@@ -118,8 +118,10 @@ def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
     W = w.world_size
     tokens_step = w.tokens * w.grad_accum_steps * W
     flops = flops_per_token(m, w) * tokens_step
-    # full AC runs the forward twice; selective AC only re-runs the cheap elementwise ops
-    recompute = {"full": 4 / 3, "selective": 1.03}.get(s.activation_checkpointing, 1.0)
+    # a recomputed block runs its forward twice (+1/3 of its training FLOPs); selective AC only
+    # re-runs the cheap elementwise ops
+    recompute = 1.03 if s.activation_checkpointing == "selective" else 1.0
+    recompute += s.checkpointed(m.n_layers) / max(1, m.n_layers) / 3
     compute = flops * recompute * bandwidth_factor(hw) / (W * hw.peak_flops * efficiency(s, m.dim))
     compute *= fp8_time_factor(m, w, s.compile)
     bw = hw.inter_bw if hw.nodes > 1 else hw.intra_bw
