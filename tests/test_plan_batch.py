@@ -8,6 +8,7 @@ of the cap are replaced by recorders.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -267,7 +268,9 @@ def test_written_config_round_trips_with_the_choices(tmp_path: Path, capsys) -> 
         for part in section.split("."):
             node = getattr(node, part)
         assert getattr(node, name) == value, key
-    assert first["config"]["parallel.activation_checkpointing"] == "full"
+    ac = first["config"]["parallel.activation_checkpointing"]
+    assert ac in ("first_k", "full")  # activations recomputed: 24 GB holds too few of them
+    assert (cfg.parallel.ac_blocks is not None) == (ac == "first_k")
     offload = cfg.parallel.fsdp.cpu_offload or cfg.parallel.deepspeed.offload_optimizer == "cpu"
     assert offload and cfg.parallel.backend == first["config"]["parallel.backend"]
     assert t.gpu_memory_limit is None  # no GPU here: nothing to rehearse on
@@ -278,8 +281,8 @@ def test_the_table_shows_micro_batch_x_accumulation(capsys) -> None:
     text = " ".join(capsys.readouterr().out.split())
     assert "global batch 64 x seq 2048 (micro-batch x accumulation per strategy)" in text
     assert "micro x acc" in text and "│ 8 x 8 │" in text and "│ 1 x 64 │" in text
-    best = "FSDP full-shard + CPU offload + AC at micro-batch 8 x accumulation 8"
-    assert f"recommended: {best}" in text
+    best = r"recommended: FSDP full-shard \+ CPU offload \+ AC( first \d+)? at micro-batch 8 x accumulation 8"
+    assert re.search(best, text), text
 
 
 def test_plan_uses_the_configs_limit_and_global_batch(tmp_path: Path, capsys) -> None:

@@ -74,7 +74,7 @@ def test_candidates_carry_the_configs_compile(compiled: bool) -> None:
     found = candidates(HW, base)
     assert found and all(s.compile == compiled for s in found)
     zero3 = [s for s in found if s.options.__class__ is DeepSpeedOptions and s.options.stage == 3]
-    assert {s.activation_checkpointing for s in zero3} == {"none", "selective", "full"}
+    assert {s.activation_checkpointing for s in zero3} == {"none", "selective", "first_k", "full"}
 
 
 def _plan_and_write(tmp_path: Path, capsys, fields: dict, cpu_mem: str) -> tuple[dict, Path]:
@@ -105,7 +105,9 @@ def test_the_written_config_keeps_compile(tmp_path: Path, capsys) -> None:
 def test_every_engine_is_planned_with_each_checkpointing_mode() -> None:
     found = {(s.backend, s.activation_checkpointing) for s in candidates(HW)}
     assert found == {
-        (e, ac) for e in ("ddp", "fsdp", "deepspeed") for ac in ("none", "selective", "full")
+        (e, ac)
+        for e in ("ddp", "fsdp", "deepspeed")
+        for ac in ("none", "selective", "first_k", "full")
     }
     sac = [o for o in plan(M, Workload(1, 2048, 1), HW) if o.strategy.label.endswith("+ SAC")]
     assert sac and all(o.strategy.activation_checkpointing == "selective" for o in sac)
@@ -364,7 +366,7 @@ def test_the_offload_ratio_is_the_fastest_that_fits(name: str) -> None:
     sub-group is its embedding alone (394M, 6.3 GB), too large: all of it goes to the CPU."""
     m = SHAPES[name]
     partial = _ratio_options(_planned(m))
-    assert len(partial) == 3  # without, with selective and with full activation checkpointing
+    assert len(partial) == 4  # without, selective, the fewest first blocks and full checkpointing
     fitting = [o for o in partial if o.fits]
     assert fitting
     for o in fitting:

@@ -39,6 +39,7 @@ H200 = Hardware(gpus_per_node=1, gpu_mem=141 * 10**9, cpu_mem=125 * 2**30)
 GIB = 2**30
 
 S4 = "2026-12-04-speed2-h200/"
+FK = "2026-12-04-first-k-h200/"
 # Runs whose config file lay outside the repository, kept beside their results under data/ (the
 # plans `zerofit plan --write` wrote there, and the call's shared config): results -> that copy.
 CONFIG_COPY = {
@@ -46,6 +47,7 @@ CONFIG_COPY = {
     S4 + "24gb-3.6b-results.json": S4 + "plans/3.6b-24gb.yaml",
     S4 + "24gb-3.6b-compile-results.json": S4 + "plans/3.6b-24gb.yaml",
     S4 + "24gb-1.5b-levers-results.json": S4 + "plans/1.5b-levers.yaml",
+    FK + "24gb-1.5b-first-k-results.json": FK + "plans/1.5b-24gb.yaml",
 }
 IN_SAMPLE = [  # (results.json, variant, speed tolerance): the fitted runs and their repeats
     ("2026-12-02-speed/pair-1b-results.json", "fsdp mbs8 ga2", 0.10),
@@ -97,6 +99,16 @@ HELD_OUT = [  # (results.json, variant, stated speed error bound): in no fit
     (S4 + "24gb-3.6b-compile-results.json", "planned for 24GB + compile", 0.10),
     (S4 + "24gb-1.5b-levers-results.json", "zero3 optim+params cpu 8x8 compile", 0.10),
     (S4 + "24gb-1.5b-levers-results.json", "zero3 optim cpu 8x8 compile", 0.10),
+    # Recomputing the first k blocks (speed2_h200.sh c17, c18; docs/benchmarks/
+    # 2026-12-04-first-k-h200.md): no constant was fitted for first_k, its memory and recompute
+    # follow from the per-block terms. At 8B with fp32 masters the card is nearly full and
+    # first_k's retried allocations idle the GPU (a speed miss, RUN_MISSES).
+    (FK + "8b-fp32-first-k-why-results.json", "fsdp fp32-states AC mbs4", 0.10),
+    (FK + "8b-fp32-first-k-why-results.json", "fsdp fp32-states AC first 20 mbs4", 0.10),
+    (FK + "8b-fp32-first-k-why-results.json", "fsdp fp32-states AC mbs2", 0.10),
+    (FK + "8b-fp32-first-k-why-results.json", "fsdp fp32-states AC first 16 mbs2", 0.10),
+    (FK + "24gb-1.5b-first-k-results.json", "planned for 24GB", 0.10),
+    (FK + "24gb-1.5b-first-k-results.json", "planned for 24GB, full AC", 0.10),
 ]
 # What today's forecast misses among the runs above (strict xfail: fixing one makes it XPASS).
 # ZeRO-3 offload with compile and AC, and the 3.6B shape eager, run faster than forecast; memory
@@ -112,6 +124,9 @@ RUN_MISSES = {  # (results.json, variant) -> {"speed" | "memory": the miss}
     (S4 + "24gb-1.5b-levers-results.json", "zero3 optim cpu 8x8 compile"): {"memory": "+20.6%"},
     (S4 + "24gb-1.5b-levers-results.json", "fsdp offload fused adamw 16x4"): {"memory": "+28.3%"},
     (S4 + "24gb-1.5b-levers-results.json", "fsdp offload foreach adamw 16x4"): {"memory": "+28.3%"},
+    (FK + "8b-fp32-first-k-why-results.json", "fsdp fp32-states AC first 16 mbs2"): {
+        "speed": "+25.1%"
+    },
 }
 MEMORY_TOLERANCE = 0.10
 HELDOUT_GLOB = "2026-12-0?-planner-heldout*/**/*.json"

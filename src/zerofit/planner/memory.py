@@ -60,7 +60,9 @@ class Strategy:
     options: Any  # the engine's `parallel.<backend>` section
     activation_checkpointing: str = "none"  # none | full | every_k | first_k | selective
     compile: bool = False
-    ac_blocks: int | None = None  # first_k: blocks that recompute (None: the planner's fewest that fit)
+    ac_blocks: int | None = (
+        None  # first_k: blocks that recompute (None: the planner's fewest that fit)
+    )
     ac_every: int = 2  # every_k: every k-th block recomputes
 
     @classmethod
@@ -103,7 +105,9 @@ class Strategy:
             "parallel.backend": self.backend,
             "parallel.activation_checkpointing": self.activation_checkpointing,
             "parallel.compile": self.compile,
-            "parallel.ac_blocks": self.ac_blocks if self.activation_checkpointing == "first_k" else None,
+            "parallel.ac_blocks": self.ac_blocks
+            if self.activation_checkpointing == "first_k"
+            else None,
         }
         if self.activation_checkpointing == "every_k":
             out["parallel.ac_every"] = self.ac_every
