@@ -43,6 +43,8 @@ from typing import Any
 import pytest
 from doc_checks_finetune import DOC as FT_DOC
 from doc_checks_finetune import FINETUNE, README_FINETUNE
+from doc_checks_first_k import DOC as FK_DOC
+from doc_checks_first_k import FIRST_K, README_FIRST_K
 from doc_checks_speed2 import DOC as S2_DOC
 from doc_checks_speed2 import README_HELDOUT, README_SPEED2, SPEED2
 from doc_checks_speed2b import DOC as S2B_DOC
@@ -753,6 +755,8 @@ CHECKS["readme-speed2"] = Check(README, *README_SPEED2)
 CHECKS["readme-speed2-heldout"] = Check(README, *README_HELDOUT)
 CHECKS.update({name: Check(S2B_DOC, d, fn, key) for name, (d, fn, key) in SPEED2B.items()})
 CHECKS["readme-24gb"] = Check(README, *README_24GB)
+CHECKS.update({name: Check(FK_DOC, d, fn, key) for name, (d, fn, key) in FIRST_K.items()})
+CHECKS["readme-first-k"] = Check(README, *README_FIRST_K)
 
 
 # ---------------------------------------------------------------------------------------------
