@@ -32,6 +32,7 @@
 #   c17   why c16's first_k was slower: full AC and first_k profiled at micro-batch 4 (near the
 #         card's limit) and 2 (far from it), with the allocator's retries counted.
 #   c18   the planner's 1.5B 24 GB plan now that it proposes first_k: as written, and with full AC.
+#   c19   fp32 masters at 8B, full AC, micro-batch 4, with 4 and 8 micro-batches per optimizer step.
 # Every group's results.json, every run's metrics.jsonl and summary step losses, the plan outputs
 # and the profile tables go into OUT/all-results.json.
 set -uo pipefail
@@ -173,6 +174,13 @@ first_k_why() {  # c16 found first_k slower than full AC at mbs 4 (near the card
     --variant "fsdp fp32-states AC mbs2: $f train.micro_batch_size=2 parallel.activation_checkpointing=full" \
     --variant "fsdp fp32-states AC first 16 mbs2: $f train.micro_batch_size=2 parallel.activation_checkpointing=first_k parallel.ac_blocks=16"
 }
+fp32_8b_accum() {  # c17's fastest (full AC, micro-batch 4) with 4 and 8 micro-batches per optimizer step:
+  # its 107 ms AdamW step over fp32 states is paid once per step, 6% of a one-micro-batch step
+  local f="parallel.backend=fsdp $fp32 train.micro_batch_size=4 parallel.activation_checkpointing=full"
+  bench 8b-fp32-accum 110 2 3 -c $E8 \
+    --variant "fsdp fp32-states AC mbs4 ga4: $f train.grad_accum_steps=4" \
+    --variant "fsdp fp32-states AC mbs4 ga8: $f train.grad_accum_steps=8"
+}
 first_k24() {  # the planner now proposes first_k: its 1.5B 24 GB plan as written, and with full AC
   plan24 1.5b
   cat "$root/plans/1.5b-24gb.yaml" | grep -A3 "activation_checkpointing"
@@ -206,6 +214,7 @@ c15) prebuild; profile36; bundle ;;
 c16) fp32_8b_first_k; bundle ;;
 c17) first_k_why; bundle ;;
 c18) prebuild; first_k24; bundle ;;
+c19) fp32_8b_accum; bundle ;;
 c4) fp8_8b; bundle; builtin_vs_hf; bundle ;;
 c5) fp8_loss_1b; bundle ;;
 *) echo "unknown phase $phase"; exit 2 ;;
