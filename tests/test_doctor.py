@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,29 @@ def test_oom_advice_names_the_biggest_component_and_a_fix(tmp_path: Path) -> Non
     advice = oom_advice(load_config(cfg_file), world=8, gpu_mem=80 * 10**9)
     assert advice.startswith("biggest component: activations")
     assert "next step: turn on activation checkpointing" in advice
+
+
+def test_oom_advice_under_first_k_recomputes_the_fewest_more_blocks() -> None:
+    """A first_k run that ran out of memory: the advice raises ac_blocks to the fewest that fit
+    (the same rule as for the other remedies), or goes to full checkpointing."""
+    base = [
+        "model.preset=llama3-8b",
+        "model.seq_len=4096",
+        "train.micro_batch_size=4",
+        "precision.mode=bf16",
+        "parallel.activation_checkpointing=first_k",
+    ]
+    advice = oom_advice(load_config(None, [*base, "parallel.ac_blocks=1"]), 8, 80 * 10**9)
+    found = re.search(
+        r"next step: recompute the first (\d+) blocks \(parallel.ac_blocks: \d+\)", advice
+    )
+    assert found, advice
+    k = int(found.group(1))
+    assert 1 < k < 32
+    fewer = oom_advice(load_config(None, [*base, f"parallel.ac_blocks={k - 1}"]), 8, 80 * 10**9)
+    assert f"recompute the first {k} blocks" in fewer  # k - 1 does not fit, k does
+    tight = oom_advice(load_config(None, [*base, "parallel.ac_blocks=31"]), 8, 40 * 10**9)
+    assert "recompute the first" not in tight, tight
 
 
 def test_doctor_rejects_a_non_run(tmp_path: Path, capsys) -> None:

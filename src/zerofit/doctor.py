@@ -172,6 +172,23 @@ def diagnose(run: Path) -> list[Finding]:
     ]
 
 
+def _checkpointing_remedies(cfg: Config) -> list[tuple[str, dict[str, Any]]]:
+    """Recompute more: under first_k, each larger count of first blocks, fewest first; then
+    every block."""
+    p = cfg.parallel
+    full = {"parallel.activation_checkpointing": "full", "parallel.ac_blocks": None}
+    if p.activation_checkpointing != "first_k":
+        return [("turn on activation checkpointing", full)]
+    from zerofit.models.shape import shape_from_config
+
+    k, n = p.ac_blocks or 0, shape_from_config(cfg).n_layers
+    more = [
+        (f"recompute the first {j} blocks (parallel.ac_blocks: {j})", {"parallel.ac_blocks": j})
+        for j in range(k + 1, n)
+    ]
+    return [*more, (f"recompute all {n} blocks (parallel.activation_checkpointing: full)", full)]
+
+
 def oom_advice(cfg: Config, world: int, gpu_mem: int) -> str:
     """Why a run ran out of memory (its biggest component) and the planner's next step, on the
     card's memory or, with `train.gpu_memory_limit`, the cap the run had."""
@@ -181,10 +198,7 @@ def oom_advice(cfg: Config, world: int, gpu_mem: int) -> str:
     predicted, parts = predicted_peak(cfg, world)
     biggest = max((k for k in parts if k != "overhead"), key=parts.get)  # type: ignore[arg-type]
     tries: list[tuple[str, dict[str, Any]]] = [
-        (
-            "turn on activation checkpointing",
-            {"parallel.activation_checkpointing": "full", "parallel.ac_blocks": None},
-        ),
+        *_checkpointing_remedies(cfg),
         (
             f"halve the micro-batch to {max(1, cfg.train.micro_batch_size // 2)} (and double grad_accum_steps)",
             {
