@@ -60,9 +60,8 @@ class Strategy:
     options: Any  # the engine's `parallel.<backend>` section
     activation_checkpointing: str = "none"  # none | full | every_k | first_k | selective
     compile: bool = False
-    ac_blocks: int | None = (
-        None  # first_k: blocks that recompute (None: the planner's fewest that fit)
-    )
+    # first_k: how many blocks recompute (None: the fewest that fit, found by the planner)
+    ac_blocks: int | None = None
     ac_every: int = 2  # every_k: every k-th block recomputes
 
     @classmethod

@@ -59,12 +59,8 @@ class Option:
     workload: Workload | None = None  # what it was evaluated at (its micro-batch x accumulation)
 
 
-AC_MODES = (
-    "none",
-    "selective",
-    "first_k",
-    "full",
-)  # activation checkpointing, least recompute first
+# activation checkpointing, least recompute first
+AC_MODES = ("none", "selective", "first_k", "full")
 
 
 def left_out(base: Config | None = None) -> dict[str, str]:
