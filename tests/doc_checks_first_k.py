@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from doc_checks_speed2 import _load, _runs
+from doc_checks_speed2 import _load, _row, _runs
 
 DOC = "docs/benchmarks/2026-12-04-first-k-h200.md"
 FK = "2026-12-04-first-k-h200/"
@@ -27,24 +27,22 @@ def _c17() -> dict[str, dict]:
     return _runs(C17, GROUP17)
 
 
+def _variant_dir(variant: str) -> str:
+    """A c17 variant's run folder inside the bundle (`GROUP17/NN-name`)."""
+    return GROUP17 + "/" + _c17()[variant]["run_dir"].split(f"{GROUP17}/")[1]
+
+
 def _profile(variant: str) -> dict:
-    run = _c17()[variant]
-    folder = run["profile_dir"].split(f"{GROUP17}/")[1]
-    return _load(C17)["files"][f"{GROUP17}/{folder}/summary.json"]
+    return _load(C17)["files"][f"{_variant_dir(variant)}/profile/summary.json"]
+
+
+def _row_reserved(r: dict) -> list:
+    """A table row: `_row`'s figures, then peak reserved GiB and the allocator's retries."""
+    return [*_row(r), r["mem_reserved_gib"], r["alloc_retries"]]
 
 
 def runs_8b() -> dict[str, list]:
-    out = {}
-    for name, r in _c17().items():
-        out[name] = [
-            r["tokens_per_s"],
-            100 * r["mfu"],
-            r["step_time_s"],
-            r["mem_alloc_gib"],
-            r["mem_reserved_gib"],
-            r["alloc_retries"],
-        ]
-    return out
+    return {name: _row_reserved(r) for name, r in _c17().items()}
 
 
 def profiles_8b() -> dict[str, list]:
@@ -171,17 +169,7 @@ def planned_24gb() -> list[str]:
 def accum_8b() -> dict[str, list]:
     """c19's rows beside c17's one-micro-batch run (the table's first row)."""
     rows = {FULL4: _c17()[FULL4], **_runs(C19, "8b-fp32-accum")}
-    return {
-        name: [
-            r["tokens_per_s"],
-            100 * r["mfu"],
-            r["step_time_s"],
-            r["mem_alloc_gib"],
-            r["mem_reserved_gib"],
-            r["alloc_retries"],
-        ]
-        for name, r in rows.items()
-    }
+    return {name: _row_reserved(r) for name, r in rows.items()}
 
 
 def accum_summary() -> list[str]:
@@ -201,7 +189,7 @@ def accum_summary() -> list[str]:
 
 def losses() -> list[str]:
     c17 = _load(C17)["step_losses"]
-    loss = c17[f"{GROUP17}/{_c17()[FULL4]['run_dir'].split(f'{GROUP17}/')[1]}/summary.json"]
+    loss = c17[f"{_variant_dir(FULL4)}/summary.json"]
     steps = {len(v) for v in _load(C19)["step_losses"].values()}
     return [
         f"c17's {len(loss)}-step runs show it: up from {loss[0]:.1f} at step 1 to about "

@@ -14,6 +14,7 @@ from typing import Any
 from zerofit.backends import engine_of, engines
 from zerofit.config import Config, load_config, with_fields
 from zerofit.errors import UserError
+from zerofit.models.shape import shape_from_config
 from zerofit.planner.memory import predicted_peak
 from zerofit.planner.terms import GIB
 
@@ -179,8 +180,6 @@ def _checkpointing_remedies(cfg: Config) -> list[tuple[str, dict[str, Any]]]:
     full = {"parallel.activation_checkpointing": "full", "parallel.ac_blocks": None}
     if p.activation_checkpointing != "first_k":
         return [("turn on activation checkpointing", full)]
-    from zerofit.models.shape import shape_from_config
-
     k, n = p.ac_blocks or 0, shape_from_config(cfg).n_layers
     more = [
         (f"recompute the first {j} blocks (parallel.ac_blocks: {j})", {"parallel.ac_blocks": j})

@@ -91,12 +91,13 @@ class Strategy:
         }.get(self.activation_checkpointing, "")
         return self.engine.label(self.options) + suffix
 
-    def checkpointed(self, n_blocks: int) -> int:
-        """How many of `n_blocks` blocks recompute whole in backward (0 for none and selective)."""
+    def recomputed(self, n_blocks: int) -> list[int]:
+        """The indices of the `n_blocks` blocks that recompute whole in backward (none for none
+        and selective)."""
         mode = self.activation_checkpointing
         if mode not in BLOCK_AC:
-            return 0
-        return len(checkpointed_blocks(mode, n_blocks, self.ac_every, self.ac_blocks))
+            return []
+        return checkpointed_blocks(mode, n_blocks, self.ac_every, self.ac_blocks)
 
     def overrides(self) -> dict[str, object]:
         """The zerofit config fields that select this strategy."""
@@ -219,36 +220,36 @@ def block_activation_bytes(m: ModelShape, tokens: int, e_c: int, compiled: bool 
 def activation_parts(m: ModelShape, w: Workload, s: Strategy) -> tuple[float, float, float]:
     """Saved activations as (what every block keeps, all blocks; the one block being recomputed
     under activation checkpointing; the tail: final norm and output-layer input)."""
-    blocks = block_saved(m, w, s)
+    tail = w.tokens * (8 * m.dim + 4 + BYTES[w.compute_dtype] * m.dim)  # final norm + output input
+    return sum(block_saved(m, w, s)), inflight_bytes(m, w, s), tail
+
+
+def _block_bytes(m: ModelShape, w: Workload, s: Strategy) -> float:
+    """All one block saves for backward (with LoRA, its adapters' activations too)."""
     e_c = BYTES[w.compute_dtype]
-    recomputes = s.activation_checkpointing == "selective" or s.checkpointed(m.n_layers) > 0
-    inflight = block_activation_bytes(m, w.tokens, e_c, s.compile) if recomputes else 0.0
-    if recomputes and w.lora:
-        inflight += w.lora.activation_bytes(w.tokens, e_c)
-    tail = w.tokens * (8 * m.dim + 4 + e_c * m.dim)  # final norm + output-layer input
-    return sum(blocks), inflight, tail
+    per_block = block_activation_bytes(m, w.tokens, e_c, s.compile)
+    return per_block + (w.lora.activation_bytes(w.tokens, e_c) if w.lora else 0.0)
+
+
+def inflight_bytes(m: ModelShape, w: Workload, s: Strategy) -> float:
+    """The block being recomputed in backward (none without checkpointing)."""
+    recomputes = s.activation_checkpointing == "selective" or s.recomputed(m.n_layers)
+    return _block_bytes(m, w, s) if recomputes else 0.0
 
 
 def block_saved(m: ModelShape, w: Workload, s: Strategy) -> list[float]:
     """What each block keeps saved for backward, from the input side: a recomputed block (full,
-    every_k, first_k: `Strategy.checkpointed`) only its input, the residual stream; selective AC
+    every_k, first_k: `Strategy.recomputed`) only its input, the residual stream; selective AC
     the matmul and attention outputs; any other block all it saves."""
     e_c = BYTES[w.compute_dtype]
-    per_block = block_activation_bytes(m, w.tokens, e_c, s.compile)
-    if w.lora:
-        per_block += w.lora.activation_bytes(w.tokens, e_c)
     if s.activation_checkpointing == "selective":  # matmul + attention outputs, and block inputs
         kv = m.n_kv_heads * m.head_dim
         saved = e_c * (5 * m.dim + 2 * kv + 2 * m.ffn_dim) + 4 * m.n_heads
         return [w.tokens * saved] * m.n_layers
     # (a LoRA base is stored in e_c, its embedding output too: the residual stream follows)
     residual = 4 if s.engine.fp32_checkpoints and not w.lora else e_c
-    kept = w.tokens * m.dim * residual
-    recomputed = set(
-        checkpointed_blocks(s.activation_checkpointing, m.n_layers, s.ac_every, s.ac_blocks)
-        if s.activation_checkpointing in BLOCK_AC
-        else ()
-    )
+    kept, per_block = w.tokens * m.dim * residual, _block_bytes(m, w, s)
+    recomputed = set(s.recomputed(m.n_layers))
     return [kept if i in recomputed else per_block for i in range(m.n_layers)]
 
 
@@ -261,12 +262,12 @@ def saved_after(m: ModelShape, w: Workload, s: Strategy, reduced: float) -> floa
     it runs from the output layer down, freeing each block's saved tensors as it passes (the
     tail's go with the output layer), so the blocks left are those nearest the input."""
     blocks = block_saved(m, w, s)
-    _, inflight, _ = activation_parts(m, w, s)
     head = m.vocab_size * m.dim + m.dim  # output layer + final norm, reduced first
     left = min(1.0, max(0.0, 1.0 - (reduced - head) / (m.n_layers * m.block_params)))
     whole, part = divmod(left * len(blocks), 1.0)
     n = int(whole)
-    return sum(blocks[:n]) + (part * blocks[n] if n < len(blocks) else 0.0) + inflight
+    partial = part * blocks[n] if n < len(blocks) else 0.0
+    return sum(blocks[:n]) + partial + inflight_bytes(m, w, s)
 
 
 def logits_bytes(m: ModelShape, w: Workload, compiled: bool = False) -> float:

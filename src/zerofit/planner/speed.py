@@ -121,7 +121,7 @@ def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
     # a recomputed block runs its forward twice (+1/3 of its training FLOPs); selective AC only
     # re-runs the cheap elementwise ops
     recompute = 1.03 if s.activation_checkpointing == "selective" else 1.0
-    recompute += s.checkpointed(m.n_layers) / max(1, m.n_layers) / 3
+    recompute += len(s.recomputed(m.n_layers)) / max(1, m.n_layers) / 3
     compute = flops * recompute * bandwidth_factor(hw) / (W * hw.peak_flops * efficiency(s, m.dim))
     compute *= fp8_time_factor(m, w, s.compile)
     bw = hw.inter_bw if hw.nodes > 1 else hw.intra_bw
