@@ -3,7 +3,8 @@ shape, so that zerofit can train transformers' Llama and its own model on the sa
 
     python benchmarks/hf_shape.py PRESET OUT_DIR
 
-The weights are initialised at random by whoever loads it; speed does not depend on their values.
+The weights are initialised at random by whoever loads it (zerofit: with model.random_init: true);
+speed does not depend on their values.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ and a Hugging Face model folder of a given shape.
     python benchmarks/sft_fixture.py OUT [--shapes 1b,8b] [--samples 4000] [--seed 0]
 
 writes OUT/model-<shape> for each shape (config.json + the tokenizer; no weights: both stacks
-initialise the same shape at random, which does not change their speed), OUT/chat.jsonl and
+initialise the same shape at random, which does not change their speed; zerofit needs
+model.random_init=true for that), OUT/chat.jsonl and
 OUT/fixture.json (what was made).
 
 The tokenizer is a byte-level BPE (32,000 entries) trained on this Python's standard library, with

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Issue 13's fine-tuning figures on one H200: zerofit beside transformers (+ PEFT) + FSDP2 run the
-# usual way (benchmarks/stock_sft.py), on the same chat rows, masks and packing, in one device call:
+# Fine-tuning figures on one H200: zerofit beside transformers (+ PEFT) + FSDP2 run the usual way
+# (benchmarks/stock_sft.py), on the same chat rows, masks and packing, in one device call:
 #   bash benchmarks/sft_h200.sh PHASE FIXTURE OUT
-#   PHASE: probe (1B, short) | 1b | 8b | lora | all (1b, lora, 8b, 1B at micro-batch 16, in that
-#   order, under DEADLINE s) | rest (all but the first 1B group)
+#   issue 13's PHASEs: probe (1B, short) | 1b | 8b | lora | all (1b, lora, 8b, 1B at micro-batch
+#   16, in that order, under DEADLINE s) | rest (all but the first 1B group); both stacks at the
+#   same micro-batch, accumulation and checkpointing, stock eager without Liger Kernel.
+#   issue 24's PHASEs: fast-lora | fast-1b | fast-8b: zerofit's recipe at its defaults (only the
+#   model, data and benchmark switches given) beside stock + Liger Kernel, eager and per-layer
+#   compiled, at the recipe's global batch (STOCK_MB sets stock's micro-batch x accumulation);
+#   fast-lora also runs zerofit eager and compiled without model.lean_ops at stock's split.
 # FIXTURE is what `python benchmarks/sft_fixture.py FIXTURE` made (model-1b, model-8b, chat.jsonl).
 # Each zerofit variant runs under `zerofit bench` (own processes, median step time after warm-up);
 # each stock run under torchrun. Needs zerofit, peft and pydantic importable (docs/benchmarks/).
@@ -17,7 +22,7 @@ steps=${STEPS:-10}
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 common="checkpoint.every=0 checkpoint.export_final=false checkpoint.save_final=false"
 common="$common train.eval_every=0 data.val_fraction=0 data.source=$fix/chat.jsonl"
-common="$common parallel.backend=fsdp model.seq_len=2048 log.every=1000"
+common="$common model.seq_len=2048 log.every=1000 model.random_init=true"
 
 left() { echo $((deadline - SECONDS)); }
 as_flags() { for kv in "$@"; do printf -- "--%s %s " "${kv%%=*}" "${kv#*=}"; done; }
@@ -49,9 +54,9 @@ full=configs/finetune-full.yaml
 lora=configs/finetune-lora.yaml
 m1="model.hf=$fix/model-1b"
 m8="model.hf=$fix/model-8b"
-one_b_mb="train.micro_batch_size=8 train.grad_accum_steps=2 parallel.activation_checkpointing=none"
-eight_b_mb="train.micro_batch_size=2 train.grad_accum_steps=4 parallel.activation_checkpointing=full"
-lora_mb="train.micro_batch_size=4 train.grad_accum_steps=2 parallel.activation_checkpointing=none"
+one_b_mb="parallel.backend=fsdp train.micro_batch_size=8 train.grad_accum_steps=2 parallel.activation_checkpointing=none"
+eight_b_mb="parallel.backend=fsdp train.micro_batch_size=2 train.grad_accum_steps=4 parallel.activation_checkpointing=full"
+lora_mb="parallel.backend=fsdp train.micro_batch_size=4 train.grad_accum_steps=2 parallel.activation_checkpointing=none"
 
 probe() {
   stock 1b-stock-sdpa 150 $full $m1 $one_b_mb
@@ -69,15 +74,33 @@ eight_b() {
   zerofit 8b-zerofit 240 $full $m8 $eight_b_mb --variant "compile: parallel.compile=true"
 }
 one_b_big() {  # zerofit's own best at 1B: the same 16 rows per step in one micro-batch
-  zerofit 1b-zerofit-mbs16 150 $full $m1 train.micro_batch_size=16 train.grad_accum_steps=1 \
+  zerofit 1b-zerofit-mbs16 150 $full $m1 parallel.backend=fsdp train.micro_batch_size=16 train.grad_accum_steps=1 \
     parallel.activation_checkpointing=none --variant "compile mbs16: parallel.compile=true"
 }
 lora_8b() {
   stock 8b-lora-stock 180 $lora $m8 $lora_mb
   zerofit 8b-lora-zerofit 240 $lora $m8 $lora_mb --variant "compile: parallel.compile=true"
 }
+# Issue 24: the recipe at its defaults against stock + Liger Kernel, eager and compiled.
+fast() {  # name, recipe, model, stock's split (k=v ...)
+  local name=$1 recipe=$2 model=$3; shift 3
+  stock "$name-stock-liger" 200 "$recipe" "$model" "$@" --liger
+  stock "$name-stock-liger-compile" 240 "$recipe" "$model" "$@" --liger --compile
+  zerofit "$name-zerofit" 300 "$recipe" "$model" --variant "recipe defaults: log.every=1000"
+}
+fast_lora() {
+  local split="train.micro_batch_size=4 train.grad_accum_steps=4 parallel.activation_checkpointing=none"
+  fast 8b-lora $lora $m8 ${STOCK_MB:-$split}
+  # shellcheck disable=SC2086
+  zerofit 8b-lora-zerofit-levers 300 $lora $m8 parallel.backend=fsdp ${STOCK_MB:-$split} \
+    --variant "eager, lean: parallel.compile=false" \
+    --variant "compiled, not lean: parallel.compile=true model.lean_ops=false"
+}
 mkdir -p "$root"
 case $phase in
+fast-lora) fast_lora ;;
+fast-1b) fast 1b $full $m1 ${STOCK_MB:-train.micro_batch_size=8 train.grad_accum_steps=2 parallel.activation_checkpointing=none} ;;
+fast-8b) fast 8b $full $m8 ${STOCK_MB:-train.micro_batch_size=2 train.grad_accum_steps=8 parallel.activation_checkpointing=full} ;;
 probe) probe ;;
 1b) one_b ;;
 8b) eight_b ;;

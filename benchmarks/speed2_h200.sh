@@ -98,7 +98,7 @@ fp8_8b() {
 }
 builtin_vs_hf() {  # the same config; model.hf: a LlamaForCausalLM folder of llama3-1b's shape
   python3 benchmarks/hf_shape.py llama3-1b "$root/hf-llama3-1b" >/dev/null
-  sed "s#preset: llama3-1b#hf: $root/hf-llama3-1b#" $E1 > "$root/hf-1b.yaml"
+  sed "s#preset: llama3-1b#hf: $root/hf-llama3-1b, random_init: true#" $E1 > "$root/hf-1b.yaml"
   bench 1b-builtin 90 2 6 -c $E1 --profile --variant "built-in mbs8: parallel.backend=fsdp"
   bench 1b-hf 120 2 6 -c "$root/hf-1b.yaml" --profile --variant "transformers Llama mbs8: parallel.backend=fsdp"
 }

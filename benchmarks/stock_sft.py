@@ -1,6 +1,7 @@
-"""The stock stack on the same fine-tuning batches as zerofit: transformers + (PEFT) + FSDP2, eager.
+"""The stock stack on the same fine-tuning batches as zerofit: transformers + (PEFT) + FSDP2.
 
-    torchrun --nproc-per-node 1 benchmarks/stock_sft.py -c CONFIG.yaml --out DIR [zerofit overrides]
+    torchrun --nproc-per-node 1 benchmarks/stock_sft.py -c CONFIG.yaml --out DIR [--liger]
+        [--compile] [zerofit overrides]
 
 What "the usual way" means here, as a TRL / Accelerate user would run it:
 - `AutoModelForCausalLM.from_config` of the zerofit config's `model.hf` folder, attention "sdpa",
@@ -11,6 +12,11 @@ What "the usual way" means here, as a TRL / Accelerate user would run it:
   activation checkpointing per decoder layer when `parallel.activation_checkpointing` is not none;
 - the loss as transformers computes it: fp32 logits of every position, cross-entropy ignoring
   -100, the mean over each micro-batch's valid tokens;
+- `--liger`: Liger Kernel on the model instance before PEFT and sharding
+  (`_apply_liger_kernel_to_instance`: fused linear cross-entropy, RMSNorm, SwiGLU, RoPE), the loss
+  then from the model's own forward with the already shifted targets (`shift_labels`);
+- `--compile`: `torch.compile` on each decoder layer (after activation checkpointing, before
+  `fully_shard`, torchtitan's order);
 - torch.optim.AdamW (fused) over the trainable parameters, the config's lr schedule (zerofit's
   warm-up and cosine, so both stacks take the same steps) and grad clipping.
 
@@ -45,10 +51,12 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     p.add_argument(
         "--attn", default="sdpa", help="transformers attn_implementation (sdpa, flex_attention)"
     )
+    p.add_argument("--liger", action="store_true", help="Liger Kernel (see the module doc)")
+    p.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
     return p.parse_known_args()
 
 
-def build_model(cfg, device: torch.device, attn: str):  # noqa: ANN001, ANN201
+def build_model(cfg, device: torch.device, attn: str, liger: bool = False):  # noqa: ANN001, ANN201
     from transformers import AutoConfig, AutoModelForCausalLM
 
     hf_cfg = AutoConfig.from_pretrained(cfg.model.hf, local_files_only=True)
@@ -57,6 +65,12 @@ def build_model(cfg, device: torch.device, attn: str):  # noqa: ANN001, ANN201
     dtype = torch.bfloat16 if lora else torch.float32
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attn, dtype=dtype)
+    if liger:
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+        _apply_liger_kernel_to_instance(
+            model=model, rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=True
+        )
     if lora:
         from peft import LoraConfig, get_peft_model
 
@@ -74,7 +88,7 @@ def build_model(cfg, device: torch.device, attn: str):  # noqa: ANN001, ANN201
     return model
 
 
-def shard(model, cfg) -> None:  # noqa: ANN001
+def shard(model, cfg, compile_layers: bool = False) -> None:  # noqa: ANN001
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -86,13 +100,19 @@ def shard(model, cfg) -> None:  # noqa: ANN001
 
         apply_activation_checkpointing(model, check_fn=lambda m: m in set(layers))
         layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    if compile_layers:
+        for layer in layers:
+            layer.compile()
     for layer in layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
 
 
-def micro_loss(model, batch, device: torch.device) -> torch.Tensor:  # noqa: ANN001
+def micro_loss(model, batch, device: torch.device, liger: bool = False) -> torch.Tensor:  # noqa: ANN001
     tokens, targets, positions = (t.to(device, non_blocking=True) for t in batch)
+    if liger:  # Liger's forward: the fused head + loss on the shifted targets, no logits
+        out = model(input_ids=tokens, position_ids=positions, shift_labels=targets, use_cache=False)
+        return out.loss
     logits = model(input_ids=tokens, position_ids=positions, use_cache=False).logits
     return F.cross_entropy(
         logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100
@@ -116,8 +136,8 @@ def main() -> int:
     inputs = build_inputs(cfg)
     loader = make_loader(cfg, inputs.data, rank, world)
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg, device, args.attn)
-    shard(model, cfg)
+    model = build_model(cfg, device, args.attn, args.liger)
+    shard(model, cfg, args.compile)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(
         params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, fused=True
@@ -130,7 +150,7 @@ def main() -> int:
         n_real = 0
         for _ in range(accum):
             batch = loader.next_microbatch()
-            loss = micro_loss(model, batch, device)
+            loss = micro_loss(model, batch, device, args.liger)
             (loss / accum).backward()
             n_real += real_tokens(batch)
         torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
@@ -152,7 +172,11 @@ def main() -> int:
     fpt = inputs.spec.flops_per_token(cfg.model.seq_len)  # zerofit's one FLOPs function
     peak = peak_flops(device)
     out = {
-        "stack": "transformers+peft+fsdp2" if cfg.model.lora.rank else "transformers+fsdp2",
+        "stack": ("transformers+peft+fsdp2" if cfg.model.lora.rank else "transformers+fsdp2")
+        + ("+liger" if args.liger else "")
+        + ("+compile" if args.compile else ""),
+        "liger": args.liger,
+        "compile": args.compile,
         "torch": torch.__version__,
         "attn_implementation": args.attn,
         "world_size": world,

@@ -126,15 +126,6 @@ def ft_probe_ratio() -> list[str]:
     ]
 
 
-def readme_finetune() -> list[str]:
-    lora = _load(PRINTED)["zerofit"]["8b-lora-zerofit"]["real_tokens_per_s"]
-    return [
-        f"LoRA on the Llama-3-8B shape runs {lora:,.0f} real tokens/s, "
-        f"{_speedup_lora():.3f}x transformers + PEFT + FSDP2",
-        f"run {_speedup_1b():.3f}x the stock stack at 1B and {_speedup_8b():.3f}x at 8B",
-    ]
-
-
 # name -> (data files, expected)
 FINETUNE: dict[str, tuple[list[str], Callable[[], Any]]] = {
     "ft-1b": ([STOCK_1B, ZF_1B], ft_1b),
@@ -147,4 +138,3 @@ FINETUNE: dict[str, tuple[list[str], Callable[[], Any]]] = {
     "ft-probe": ([P_SDPA, P_FLEX, P_ZF], ft_probe),
     "ft-probe-ratio": ([P_SDPA, P_ZF], ft_probe_ratio),
 }
-README_FINETUNE = ([LORA_STOCK, PRINTED, STOCK_1B, ZF_1B], readme_finetune)

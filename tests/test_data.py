@@ -216,7 +216,7 @@ def test_too_small_dataset(tmp_path) -> None:
     p.write_text("x" * 200)
     b = build_data(str(p), "byte", "text", 15, 0.1, None)
     assert len(b.train) + len(b.val) == 201 // 16
-    with pytest.raises(UserError, match=r"only 11 train sequences.*needs 16"):
+    with pytest.raises(UserError, match=r"only 11 training rows.*needs 16"):
         PackedLoader(b.train, micro_batch_size=4, grad_accum_steps=2, dp_rank=0, dp_size=2, seed=0)
     with pytest.raises(UserError, match="not one sequence"):
         build_data(str(p), "byte", "text", 500, 0.1, None)

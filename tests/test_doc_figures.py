@@ -42,7 +42,9 @@ from typing import Any
 
 import pytest
 from doc_checks_finetune import DOC as FT_DOC
-from doc_checks_finetune import FINETUNE, README_FINETUNE
+from doc_checks_finetune import FINETUNE
+from doc_checks_finetune_fast import DOC as FAST_DOC
+from doc_checks_finetune_fast import FINETUNE_FAST, README_FINETUNE_FAST
 from doc_checks_first_k import DOC as FK_DOC
 from doc_checks_first_k import FIRST_K, README_FIRST_K
 from doc_checks_speed2 import DOC as S2_DOC
@@ -749,7 +751,8 @@ CHECKS: dict[str, Check] = {
     ),
 }
 CHECKS.update({name: Check(FT_DOC, data, fn) for name, (data, fn) in FINETUNE.items()})
-CHECKS["readme-finetune"] = Check(README, *README_FINETUNE)
+CHECKS["readme-finetune-fast"] = Check(README, *README_FINETUNE_FAST)
+CHECKS.update({name: Check(FAST_DOC, data, fn) for name, (data, fn) in FINETUNE_FAST.items()})
 CHECKS.update({name: Check(S2_DOC, data, fn) for name, (data, fn) in SPEED2.items()})
 CHECKS["readme-speed2"] = Check(README, *README_SPEED2)
 CHECKS["readme-speed2-heldout"] = Check(README, *README_HELDOUT)

@@ -7,6 +7,9 @@ DeepSpeed ZeRO-3 (test_lora.py runs LoRA on every engine)."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from sft_helpers import make_tokenizer, write_chat_jsonl
 pytestmark = pytest.mark.dist
 transformers = pytest.importorskip("transformers")
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+README = Path(__file__).resolve().parents[1] / "README.md"
 # Learning rate and how far the loss must fall in 12 steps. LoRA starts as the base model (B = 0) and
 # moves slower (adapters only, the embedding and head frozen): seen here, 5.81 -> 5.40 at 1e-2.
 RECIPES = {"full": ("1e-2", 0.8), "lora": ("1e-2", 0.97)}
@@ -50,12 +54,23 @@ def chat_loss(model: torch.nn.Module, tok: object, chats: list[list[dict]]) -> f
     return sum(losses) / len(losses)
 
 
-def train(tmp: Path, recipe: str, engine: str, base: Path, data: Path) -> Path:
-    run = tmp / "run"
+def readme_snippet() -> str:
+    """The README's inference snippet (its `python -c "..."` after `zerofit export`), verbatim."""
+    section = README.read_text().split("## Fine-tuning", 1)[1]
+    found = re.search(r'^python -c "\n(.*?)"$', section, re.DOTALL | re.MULTILINE)
+    assert found, "no python -c snippet in the README's fine-tuning section"
+    return found.group(1)
+
+
+def train(
+    tmp: Path, recipe: str, engine: str, base: Path, data: Path, *more: str, name: str = "run"
+) -> Path:
+    """A recipe's run (12 steps unless ``more`` sets them); the loss must fall over a 12-step run."""
+    run = tmp / name
     proc = zerofit(
         "train", "-c", str(CONFIGS / f"finetune-{recipe}.yaml"), "--nproc", "2",
         "--model.hf", str(base), "--data.source", str(data), "--model.seq_len", "64",
-        "--train.steps", "12", "--train.micro_batch_size", "4", "--train.grad_accum_steps", "1",
+        "--train.micro_batch_size", "4", "--train.grad_accum_steps", "1", *(more or ("--train.steps", "12")),
         "--train.eval_every", "0", "--checkpoint.every", "0", "--log.every", "1",
         "--log.progress", "false", "--log.run_dir", str(run), "--optim.lr", RECIPES[recipe][0],
         "--optim.warmup_steps", "2", "--precision.mode", "fp32",
@@ -66,6 +81,8 @@ def train(tmp: Path, recipe: str, engine: str, base: Path, data: Path) -> Path:
     assert "data (chat):" in proc.stdout + proc.stderr  # the packing line
     losses = [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     losses = [x for x in losses if x is not None]
+    if more:
+        return run
     assert sum(losses[-3:]) / 3 < RECIPES[recipe][1] * sum(losses[:3]) / 3, losses
     return run
 
@@ -78,7 +95,7 @@ def test_the_recipe_loop_trains_exports_and_generates(
     data = write_chat_jsonl(tmp_path / "chat.jsonl", 300)
     run = train(tmp_path, recipe, engine, base, data)
     assert list((run / "export").glob("step_*/config.json")), "export_final wrote no folder"
-    out = tmp_path / "merged"
+    out = tmp_path / "sft-merged"  # the name the README's snippet loads
     proc = zerofit("export", str(run), "--out", str(out), "--dtype", "fp32", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -89,12 +106,12 @@ def test_the_recipe_loop_trains_exports_and_generates(
     chats = [json.loads(x)["messages"] for x in data.read_text().splitlines()[:16]]
     assert chat_loss(tuned, tok, chats) < RECIPES[recipe][1] * chat_loss(before, tok, chats)
 
-    prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "red cat"}], add_generation_prompt=True, return_tensors="pt"
+    # The README's snippet, as a user pastes it, in the folder that holds sft-merged.
+    snippet = subprocess.run(
+        [sys.executable, "-c", readme_snippet()], cwd=tmp_path, capture_output=True, text=True
     )
-    ids = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
-    answer = tuned.generate(ids, max_new_tokens=8, do_sample=False)
-    assert answer.shape[1] > ids.shape[1] and isinstance(tok.decode(answer[0]), str)
+    assert snippet.returncode == 0, snippet.stderr[-2000:]
+    assert snippet.stdout.endswith("\n"), "the README's snippet printed no answer"  # may be empty
 
     if recipe == "lora":  # the PEFT folder on the base gives the merged model's loss
         peft = pytest.importorskip("peft")
@@ -104,3 +121,18 @@ def test_the_recipe_loop_trains_exports_and_generates(
         with_adapter = peft.PeftModel.from_pretrained(before, adapter).eval()
         merged = chat_loss(tuned, tok, chats)
         assert abs(chat_loss(with_adapter, tok, chats) - merged) < 1e-4 * max(1.0, merged)
+
+
+def test_a_run_resumed_into_a_new_directory_exports_at_the_end(tmp_path: Path) -> None:
+    """--resume CHECKPOINT with another log.run_dir: training goes on there, and the final
+    export (export_final) finds that directory's config and final checkpoint."""
+    base = base_folder(tmp_path)
+    data = write_chat_jsonl(tmp_path / "chat.jsonl", 300)
+    first = train(tmp_path, "full", "fsdp", base, data, "--train.steps", "6", name="first")
+    step_6 = first / "checkpoints" / "step_00000006"
+    assert step_6.is_dir()
+    more = ("--train.steps", "8", "--resume", str(step_6))
+    second = train(tmp_path, "full", "fsdp", base, data, *more, name="second")
+    assert (second / "config.yaml").is_file()
+    exported = sorted(p.parent.name for p in (second / "export").glob("step_*/config.json"))
+    assert exported == ["step_00000008"], exported

@@ -122,7 +122,7 @@ def test_hf_llama_flops_match_counter(tmp_path: Path, transformers: ModuleType, 
         num_key_value_heads=2, vocab_size=128, max_position_embeddings=256,
         tie_word_embeddings=tied,
     ).save_pretrained(tmp_path)  # fmt: skip
-    spec = build_model(hf=str(tmp_path))
+    spec = build_model(hf=str(tmp_path), random_init=True)
     assert spec.shape.tied_embeddings is tied and spec.shape.fused_head
     counted = _counted_per_token(_materialized(spec), spec.vocab_size)
     _check(spec, counted, corrected_tol=CORRECTED_TOL)

@@ -85,7 +85,7 @@ def test_hf_output_layer_is_found(tmp_path: Path, family: str, fused: bool) -> N
         "gemma2": lambda: transformers.Gemma2Config(**SIZES, head_dim=16, sliding_window=8),
     }
     configs[family]().save_pretrained(tmp_path / family)
-    spec = build_model(hf=str(tmp_path / family), loss_chunk=16)
+    spec = build_model(hf=str(tmp_path / family), loss_chunk=16, random_init=True)
     head = spec.module.hf.get_output_embeddings()
     assert isinstance(head, LMHead) == fused
     assert fp8.output_layers(spec.module) == [head]

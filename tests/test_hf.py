@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 import torch.nn.functional as F
 from conftest import TINY, deep_update, losses, train_run
@@ -134,7 +135,7 @@ def test_planner_and_model_take_the_same_head_decision(tmp_path: Path) -> None:
     for case, (overrides, chunk, fused) in cases.items():
         folder = tmp_path / case
         CONFIGS[case.split("_")[0]][0]().save_pretrained(folder)
-        spec = build_model(hf=str(folder), overrides=overrides, loss_chunk=chunk)
+        spec = build_model(hf=str(folder), overrides=overrides, loss_chunk=chunk, random_init=True)
         model = {"hf": str(folder), "overrides": overrides, "loss_chunk": chunk}  # hf alone
         planned = shape_from_config(config_from_dict({"model": model}))
         assert spec.shape.fused_head is planned.fused_head is fused, case
@@ -150,7 +151,7 @@ def test_planner_and_model_take_the_same_head_decision(tmp_path: Path) -> None:
 def test_allocation_keeps_a_tied_head_tied(tmp_path: Path) -> None:
     """DDP and FSDP allocate the meta module in place: Gemma's head must stay its embedding."""
     CONFIGS["gemma"][0]().save_pretrained(tmp_path)
-    spec = build_model(hf=str(tmp_path))
+    spec = build_model(hf=str(tmp_path), random_init=True)
     hf = allocate_(spec.module, "cpu").hf
     assert hf.get_output_embeddings().weight is hf.get_input_embeddings().weight
     assert "hf.lm_head.weight" not in dict(spec.module.named_parameters())
@@ -205,7 +206,7 @@ def test_folder_code_runs_only_when_trusted(
     assert "\n" not in str(caught.value)
     assert capsys.readouterr().err == ""
 
-    spec = build_model(hf=str(folder), trust_remote_code=True)
+    spec = build_model(hf=str(folder), trust_remote_code=True, random_init=True)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "trust_remote_code" in err[0] and "will run" in err[0], err
     assert type(spec.module.hf).__name__ == "ZfTestForCausalLM"
@@ -247,13 +248,8 @@ def tiny_llama(directory: Path, with_weights: bool) -> Path:
 @pytest.mark.dist
 def test_hf_llama_trains_under_fsdp(tmp_path: Path) -> None:
     model_dir = tiny_llama(tmp_path / "llama", with_weights=False)
-    run = train_run(
-        tmp_path,
-        "hf",
-        {"model": {"preset": None, "hf": str(model_dir), "overrides": {}}, "train": {"steps": 20}},
-        "--nproc",
-        "2",
-    )
+    model = {"preset": None, "hf": str(model_dir), "overrides": {}, "random_init": True}
+    run = train_run(tmp_path, "hf", {"model": model, "train": {"steps": 20}}, "--nproc", "2")
     got = losses(run)
     assert got[20] < got[1] - 1.0, got
 
@@ -278,3 +274,8 @@ def test_hf_weights_are_loaded_into_shards(tmp_path: Path) -> None:
             model(inputs).logits.flatten(0, 1).float(), targets.flatten()
         ).item()
     assert losses(run)[1] == pytest.approx(expected, rel=1e-5)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["weights"]["files"] == ["model.safetensors"]
+    saved = safetensors.torch.load_file(model_dir / "model.safetensors")
+    assert summary["weights"]["tensors"] == len(saved)
+    assert summary["trainable_params"] == summary["num_params"] == model.num_parameters()

@@ -3,7 +3,7 @@
 For each family a tiny folder is written here (a config built in the test, ``save_pretrained``;
 nothing downloaded): 2 layers, hidden 64, grouped-query attention, the byte tokenizer's vocabulary.
 Each trains 5 steps under DDP, FSDP2 and DeepSpeed ZeRO-3 on 2 gloo processes (fp32) from the same
-name-seeded init. The loss must fall, and the three trajectories must agree.
+name-seeded init (``model.random_init``: the folder holds no weights). The loss must fall, and the three trajectories must agree.
 
 Tolerance: the engines differ only in summation order (all-reduce vs reduce-scatter vs ZeRO's
 flat buckets), ~1e-7 relative per step in fp32, amplified a little by AdamW: RTOL = 1e-5 as in
@@ -55,7 +55,8 @@ ENGINES = {
 
 
 def family_folder(root: Path, family: str) -> Path:
-    """A folder holding only the family's config.json: zerofit initialises the weights."""
+    """A folder holding only the family's config.json: zerofit initialises the weights
+    (``model.random_init``)."""
     folder = root / family
     if not (folder / "config.json").is_file():
         FAMILIES[family]().save_pretrained(folder)
@@ -65,7 +66,13 @@ def family_folder(root: Path, family: str) -> Path:
 def _train(tmp: Path, family: str, engine: str) -> dict[int, float]:
     folder = family_folder(tmp, family)
     extra = {
-        "model": {"preset": None, "hf": str(folder), "overrides": {}, "seq_len": 48},
+        "model": {
+            "preset": None,
+            "hf": str(folder),
+            "overrides": {},
+            "seq_len": 48,
+            "random_init": True,
+        },
         "data": {"max_tokens": 50_000},
         "train": {"steps": STEPS},
         "parallel": ENGINES[engine],

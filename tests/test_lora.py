@@ -22,7 +22,8 @@ from zerofit.config import load_config
 from zerofit.errors import UserError
 from zerofit.export import export_checkpoint, find_checkpoint
 from zerofit.models import ModelSpec, build_model
-from zerofit.models.lora import apply_lora, is_adapter
+from zerofit.models.build import param_counts
+from zerofit.models.lora import adapter_count, apply_lora, is_adapter
 from zerofit.models.loss import cross_entropy
 from zerofit.parallelize import materialize_
 from zerofit.schema import LoRAConfig
@@ -70,8 +71,8 @@ def checkpoint_view(run: Path, step: int = STEPS) -> NeutralView:
 def trained_loss(run: Path, batches: list) -> float:
     """The run's own model (LoRA built as the run built it) with its final checkpoint's weights."""
     m = load_config(run / "config.yaml").model
-    spec = apply_lora(build_model(m.preset, m.hf, m.overrides, m.loss_chunk), m.lora)
-    model = materialized(spec).eval()
+    base = build_model(m.preset, m.hf, m.overrides, m.loss_chunk, random_init=True)  # read below
+    model = materialized(apply_lora(base, m.lora)).eval()
     view = checkpoint_view(run)
     for name, p in model.named_parameters():
         p.copy_(view.read(MODEL + name, p.dtype))
@@ -376,6 +377,16 @@ def test_hf_model_lora_export(hf_run: Path, tmp: Path) -> None:
         len(adapters) == 2 * 2 * 2
         and "hf.model.layers.1.self_attn.v_proj.lora_B.weight" in adapters
     )
+    m = load_config(hf_run / "config.yaml").model  # only the adapters train, the base is counted
+    spec = apply_lora(build_model(hf=m.hf, random_init=True), m.lora)
+    summary = json.loads((hf_run / "summary.json").read_text())
+    assert (
+        summary["trainable_params"]
+        == adapter_count(spec.module)
+        == 2 * (4 * 64 * 2 + 64 * 4 + 32 * 4)
+    )
+    assert summary["num_params"] == param_counts(spec.module)[0]
+    assert summary["weights"]["files"] == ["model.safetensors"]
     want = trained_loss(hf_run, batches)
     ckpt = find_checkpoint(hf_run, None)
     export_checkpoint(ckpt, hf_run, tmp / "hf-merged", "fp32")

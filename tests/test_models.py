@@ -234,7 +234,7 @@ def _tiny_llama_config(transformers: ModuleType, **kw: object) -> Any:
 
 def test_hf_build_and_forward(tmp_path: Path, transformers: ModuleType) -> None:
     _tiny_llama_config(transformers).save_pretrained(tmp_path)
-    spec = build_model(hf=str(tmp_path))
+    spec = build_model(hf=str(tmp_path), random_init=True)
     blocks = spec.module.get_submodule(spec.blocks_path)
     assert isinstance(blocks, nn.ModuleList) and len(blocks) == 2
     assert spec.vocab_size == 128 and spec.max_seq_len == 256 and spec.weights is None

@@ -280,8 +280,9 @@ def test_the_table_shows_micro_batch_x_accumulation(capsys) -> None:
     assert main([*PLAN, "--gpu-mem", "24GB", "--global-batch", "64"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "global batch 64 x seq 2048 (micro-batch x accumulation per strategy)" in text
-    assert "micro x acc" in text and "│ 8 x 8 │" in text and "│ 1 x 64 │" in text
-    best = r"recommended: FSDP full-shard \+ CPU offload \+ AC( first \d+)? at micro-batch 8 x accumulation 8"
+    assert "micro x acc" in text and "│ 8 x 8 │" in text and "│ 2 x 32 │" in text
+    # parallel.compile auto plans compiled blocks (a plan is for a GPU): c18's measured 24 GB plan
+    best = r"recommended: ZeRO-3 \+ optim 80%->cpu .*\+ AC( first \d+)? at micro-batch 8 x accumulation 8"
     assert re.search(best, text), text
 
 

@@ -25,12 +25,14 @@ def test_recipe_loads(path: Path, tmp_path: Path) -> None:
     if cfg.model.hf is not None:  # a fine-tuning recipe names the user's folder: build a tiny one
         transformers = pytest.importorskip("transformers")
         hf = str(tmp_path / "hf")
-        transformers.LlamaConfig(
+        config = transformers.LlamaConfig(
             hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=128, max_position_embeddings=8192,
-        ).save_pretrained(hf)  # fmt: skip
+        )  # fmt: skip
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(hf)  # with weights
         cfg = load_config(path, [f"model.hf={hf}"])
-    spec = build_model(cfg.model.preset, hf, cfg.model.overrides)
+    m = cfg.model
+    spec = build_model(m.preset, hf, m.overrides, random_init=m.random_init)
     spec = apply_lora(spec, cfg.model.lora)  # targets that match nothing raise
     assert cfg.model.seq_len <= spec.max_seq_len
 

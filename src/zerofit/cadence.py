@@ -86,6 +86,7 @@ class MetricsLog:
             torch.cuda.synchronize(ctx.device)
         mean = self.loss_sum / max(self.window, 1) if self.window else loss
         record: dict[str, Any] = {"step": step, "loss": ctx.all_reduce_mean(mean.clone()).item()}
+        record["loss_steps"] = max(self.window, 1)  # how many steps `loss` is the mean of
         record["grad_norm"] = float(result.grad_norm)  # type: ignore[arg-type]
         record["lr"] = lr  # of the step just taken
         if result.nonfinite:

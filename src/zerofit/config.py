@@ -227,6 +227,8 @@ def validate(cfg: Config) -> None:
         raise UserError("checkpoint.export_final exports the final checkpoint: it needs save_final")
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise UserError(f"data.val_fraction must be in [0, 1), got {cfg.data.val_fraction}")
+    if cfg.train.steps is None and cfg.train.epochs is None:
+        raise UserError("train.steps is null: give a number of steps, or train.epochs")
     check_optim(cfg.optim)
     _check_paths(cfg)
     if cfg.precision.fp8 != "none" and cfg.model.lora.rank > 0:
@@ -269,6 +271,12 @@ def resolve_precision(cfg: PrecisionConfig, device_type: str) -> PrecisionConfig
         master_dtype=cfg.master_dtype or "fp32",
         fp8=cfg.fp8,
     )
+
+
+def compiles(parallel: Any, device_type: str = "cuda") -> bool:
+    """Whether `parallel.compile` compiles on `device_type` (`auto`: on CUDA only). The planner
+    and `ds-config` ask for the GPU a plan is for; a run is resolved for its own device."""
+    return parallel.compile is True or (parallel.compile == "auto" and device_type == "cuda")
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

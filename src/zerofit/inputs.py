@@ -5,13 +5,16 @@ Used by the launcher to check input before any worker starts, and by the trainer
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from zerofit.config import Config
-from zerofit.data import DataBundle, PackedLoader, SampleOptions, build_data
+from zerofit.data import DataBundle, GlobalBatch, PackedLoader, SampleOptions, build_data
+from zerofit.data.sizing import epoch_steps, passes
 from zerofit.errors import UserError
 from zerofit.models import ModelSpec, build_model
+from zerofit.models.build import param_counts
+from zerofit.models.lean_ops import with_lean_ops
 from zerofit.models.lora import apply_lora
 
 
@@ -23,10 +26,22 @@ class RunInputs:
     data: DataBundle
 
 
-def build_inputs(cfg: Config) -> RunInputs:
+def global_batch(cfg: Config, dp_size: int) -> GlobalBatch:
+    t = cfg.train
+    return GlobalBatch(t.micro_batch_size, t.grad_accum_steps, dp_size)
+
+
+def build_inputs(cfg: Config, dp_size: int | None = None) -> RunInputs:
+    """The model spec and the data; with ``dp_size``, the data must also fill one global batch
+    (checked with the validation hold-out, in one error line)."""
     m = cfg.model
-    spec = build_model(m.preset, m.hf, m.overrides, m.loss_chunk, m.trust_remote_code)
-    spec = apply_lora(spec, cfg.model.lora)  # rank 0: unchanged
+    spec = build_model(
+        m.preset, m.hf, m.overrides, m.loss_chunk, m.trust_remote_code, m.random_init
+    )
+    if cfg.model.lean_ops:  # before LoRA: the probes see the plain layers
+        spec = with_lean_ops(spec)
+    spec = apply_lora(spec, cfg.model.lora, cfg.model.lean_ops)  # rank 0: unchanged
+    spec = replace(spec, trainable_params=param_counts(spec.module)[1])  # before any sharding
     if cfg.model.seq_len > spec.max_seq_len:
         raise UserError(
             f"model.seq_len={cfg.model.seq_len} is above the model's maximum {spec.max_seq_len}"
@@ -41,6 +56,7 @@ def build_inputs(cfg: Config) -> RunInputs:
         d.max_tokens,
         d.seed,
         samples=sample_options(cfg),
+        global_batch=None if dp_size is None else global_batch(cfg, dp_size),
     )
     if data.tokenizer.vocab_size > spec.vocab_size:
         raise UserError(
@@ -92,6 +108,8 @@ def sample_options(cfg: Config) -> SampleOptions | None:
         train_on=d.train_on,
         overlong=d.overlong,
         packing=d.packing,
+        columns=tuple(sorted(d.columns.items())),
+        roles=tuple(sorted(d.roles.items())),
     )
 
 
@@ -104,3 +122,35 @@ def data_meta(cfg: Config) -> dict[str, Any]:
     if d.format != "text":
         meta.update(format=d.format, train_on=d.train_on, packing=d.packing, overlong=d.overlong)
     return meta
+
+
+def resolve_steps(
+    cfg: Config, data: DataBundle, dp_size: int, steps_given: bool
+) -> tuple[Config, str | None]:
+    """``train.epochs`` set: the config with the steps it takes on this data (zerofit.data.sizing).
+    Also a note line: how many passes over the data the run makes, when it repeats the data."""
+    t, rows = cfg.train, len(data.train)
+    batch = global_batch(cfg, dp_size).rows
+    if t.epochs is None:
+        assert t.steps is not None  # zerofit.config.validate
+        if t.steps * batch <= rows:
+            return cfg, None
+        return cfg, (
+            f"{t.steps} steps x {batch} rows = {t.steps * batch} rows from {rows} packed "
+            f"training rows: {passes(t.steps, batch, rows)} epochs (the data repeats); set "
+            "train.epochs to choose by epochs"
+        )
+    steps = epoch_steps(t.epochs, rows, batch)
+    if steps_given and t.steps is not None and steps != t.steps:
+        raise UserError(
+            f"train.steps={t.steps} and train.epochs={t.epochs:g} ({steps} steps on {rows} "
+            f"training rows in global batches of {batch}): give one of them (train.steps: null, "
+            "or --train.steps null, unsets the steps a config file gives)"
+        )
+    if steps > 10**12:
+        raise UserError(f"train.epochs={t.epochs:g} makes {steps} steps: at most 10**12")
+    note = (
+        f"train.epochs={t.epochs:g}: {steps} steps x {batch} rows over {rows} packed training "
+        f"rows ({passes(steps, batch, rows)} epochs)"
+    )
+    return replace(cfg, train=replace(t, steps=steps)), note

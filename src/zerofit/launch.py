@@ -17,7 +17,7 @@ import torch
 
 from zerofit import checkpoint as ckpt
 from zerofit.checkpoint import compat
-from zerofit.config import Config, save_config
+from zerofit.config import Config, explicit_keys, save_config
 from zerofit.errors import UserError
 from zerofit.limits import shown
 from zerofit.metrics import truncate_metrics
@@ -124,12 +124,19 @@ def prepare_run(
     cfg: Config, opts: LaunchOptions, world_size: int, device_type: str, create: bool = True
 ) -> PreparedRun:
     """Every check that can fail on user input, then the run directory and its resolved config."""
-    from zerofit.inputs import build_inputs, checkpoint_meta, make_loader  # torch-heavy imports
+    from zerofit.inputs import (  # torch-heavy imports
+        build_inputs,
+        checkpoint_meta,
+        make_loader,
+        resolve_steps,
+    )
     from zerofit.resolve import resolve
 
+    steps_given = "train.steps" in explicit_keys(cfg)  # lost by the replace()s below
     cfg = resolve(_expand_user(cfg), world_size, device_type)
-    inputs = build_inputs(cfg)
-    make_loader(cfg, inputs.data, 0, world_size)  # raises if the data cannot fill one global batch
+    inputs = build_inputs(cfg, world_size)  # raises if the data cannot fill one global batch
+    cfg, data_note = resolve_steps(cfg, inputs.data, world_size, steps_given)  # train.epochs
+    make_loader(cfg, inputs.data, 0, world_size)
     resume_from = None
     if opts.resume:
         run_dir, resume_from, saved, notes = _find_resume(cfg, opts.resume)
@@ -148,7 +155,10 @@ def prepare_run(
                 )
         for line in [f"resuming from {resume_from} (step {step})", *notes]:
             print(f"note: {line}", file=sys.stderr, flush=True)
-        name = f"config.resume-{step:08d}.yaml"
+        # A new run directory gets its config.yaml (export and doctor read it); a resumed one
+        # keeps the original beside each resume's.
+        fresh = not (run_dir / "config.yaml").exists()
+        name = "config.yaml" if fresh else f"config.resume-{step:08d}.yaml"
     elif not create and cfg.log.run_dir:  # another node of a multi-node run: node 0 owns the dir
         run_dir = Path(cfg.log.run_dir)
         name = "config.yaml"
@@ -163,4 +173,6 @@ def prepare_run(
     else:  # a non-zero node of a multi-node run: keep the resolved config local
         config_file = Path(tempfile.mkdtemp(prefix="zerofit-")) / name
     save_config(cfg, config_file)
+    if data_note:  # last: a refused run prints nothing but its error line
+        print(f"note: {data_note}", file=sys.stderr, flush=True)
     return PreparedRun(cfg, run_dir, config_file, resume_from)

@@ -67,11 +67,26 @@ class Progress:
             self.bar.update(self.task, completed=step)
 
 
+def _final_loss(summary: dict[str, Any]) -> tuple[str, str]:
+    """The last step's own loss (summary.json's final_step_loss)."""
+    loss = summary.get("final_step_loss")
+    step = summary.get("step", "?")
+    return (f"final loss (step {step})", f"{loss:.4f}" if isinstance(loss, float) else "-")
+
+
+def _window_loss(summary: dict[str, Any]) -> tuple[str, str]:
+    """The last logged record's loss: a mean over the steps since the log before it."""
+    n = summary.get("loss_steps", 1)
+    label = f"mean loss, last {n} steps" if n > 1 else "logged loss, last step"
+    return (label, f"{summary['loss']:.4f}" if "loss" in summary else "-")
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
     table = Table(title="zerofit run summary", show_header=False)
     rows = [
         ("steps", f"{summary.get('start_step', 0)} -> {summary.get('step', '?')}"),
-        ("final loss", f"{summary['loss']:.4f}" if "loss" in summary else "-"),
+        _final_loss(summary),
+        _window_loss(summary),
         ("eval loss", f"{summary['eval_loss']:.4f}" if "eval_loss" in summary else "-"),
         ("tokens/s", f"{summary['tokens_per_s']:,.0f}" if "tokens_per_s" in summary else "-"),
         (

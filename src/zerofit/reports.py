@@ -99,7 +99,7 @@ def compiled_ac_failure(cfg: Config, error: SystemError) -> str | None:
     """The one line for torch 2.11's failure of a compiled region inside activation checkpointing
     (pytorch/pytorch#179536; ZeRO-3 compiles each block's forward inside its AC wrapper), or None
     when `error` is something else."""
-    if "FunctionMeta" not in str(error) or not cfg.parallel.compile:
+    if "FunctionMeta" not in str(error) or cfg.parallel.compile is not True:  # resolved: a bool
         return None
     if cfg.parallel.activation_checkpointing == "none":
         return None

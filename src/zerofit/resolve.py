@@ -2,6 +2,7 @@
 
 It runs once, in the launcher (or, under an external torchrun/srun, in each joining process before
 anything else), and its result is saved as the run's config.yaml; workers trust that file. Order:
+- `parallel.compile: auto` becomes true on CUDA, false on CPU;
 - `parallel.backend: auto` becomes the planner's pick for this machine;
 - `precision.mode: auto` and the unset dtypes become explicit (bf16 on GPU, fp32 on CPU);
 - the engine resolves its own section (DeepSpeed merges a user's ds_config.json);
@@ -13,11 +14,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from zerofit.backends import engine_of
-from zerofit.config import check_world, resolve_precision
+from zerofit.config import check_world, compiles, resolve_precision
 from zerofit.schema import Config
 
 
 def resolve(cfg: Config, world_size: int, device_type: str) -> Config:
+    cfg = replace(cfg, parallel=replace(cfg.parallel, compile=compiles(cfg.parallel, device_type)))
     if cfg.parallel.backend == "auto":
         from zerofit.planner.auto import resolve_auto
 

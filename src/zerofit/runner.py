@@ -63,6 +63,7 @@ def train(
 
 # A few timed steps and nothing else: no eval, no checkpoint, no progress bar.
 MEASURE_ONLY = [
+    "train.epochs=null",  # the measurement sets train.steps itself
     "train.eval_every=0",
     "log.progress=false",
     "checkpoint.every=0",

@@ -55,6 +55,13 @@ class ModelConfig:
     trust_remote_code: A[
         Bool, doc("run the model folder's own Python code (model.hf; off: transformers' code)")
     ] = False
+    random_init: A[
+        Bool,
+        doc(
+            "start from random weights: model.hf's weight files are not read (benchmarks; false: "
+            "a model.hf folder must hold its weights)"
+        ),
+    ] = False
     seq_len: A[Int, doc("tokens per training sequence", ge=1, le=2**24)] = 256
     init_seed: A[Int, doc("seed of the parameter initialisation", **SEED)] = 0
     attention: A[
@@ -69,6 +76,13 @@ class ModelConfig:
             le=2**31 - 1,
         ),
     ] = 4096
+    lean_ops: A[
+        Bool,
+        doc(
+            "memory-lean RMSNorm, SwiGLU (Hugging Face models) and LoRA update: keep inputs, "
+            "recompute the rest in backward (same values)"
+        ),
+    ] = True
     overrides: A[dict[str, Any], doc("change preset/HF config fields, e.g. {n_layers: 2}")] = field(
         default_factory=dict
     )
@@ -88,13 +102,34 @@ class DataConfig:
         doc("'stdlib' (this Python's own sources), or .txt/.jsonl/.json/.parquet files or dirs"),
     ] = "stdlib"
     format: A[
-        Literal["text", "prompt_completion", "chat"],
-        doc("text: documents packed end to end; prompt_completion / chat: fine-tuning samples"),
+        Literal["text", "prompt_completion", "chat", "sharegpt", "alpaca"],
+        doc(
+            "text: documents packed end to end; prompt_completion, chat ({messages: [{role, "
+            "content}]}), sharegpt ({conversations: [{from, value}]}) or alpaca ({instruction, "
+            "input, output}): fine-tuning samples"
+        ),
     ] = "text"
     field: A[Str, doc("text: the field holding the document text")] = "text"
     prompt_field: A[Str, doc("prompt_completion: the prompt's field")] = "prompt"
     completion_field: A[Str, doc("prompt_completion: the completion's field")] = "completion"
-    messages_field: A[Str, doc("chat: the field holding [{role, content}, ...]")] = "messages"
+    messages_field: A[
+        Str | None,
+        doc("chat / sharegpt: the list of turns (null: messages / conversations)"),
+    ] = None
+    columns: A[
+        dict[Str, Str],
+        doc(
+            "rename a record's fields: {the format's field name: yours}, e.g. {conversations: "
+            "dialog, from: speaker, value: text} or {instruction: q, output: answer}"
+        ),
+    ] = Field(default_factory=dict)  # `field` is data.field in this class
+    roles: A[
+        dict[Str, Str],
+        doc(
+            "chat / sharegpt: a role's name in the data -> the chat template's, e.g. {bot: "
+            "assistant}; sharegpt maps human, gpt, system, user, assistant; others are errors"
+        ),
+    ] = Field(default_factory=dict)
     train_on: A[
         Literal["completion", "all"],
         doc("the loss falls on completion / assistant tokens only, or on every token"),
@@ -123,7 +158,17 @@ class DataConfig:
 class TrainConfig:
     """Steps and batch arithmetic."""
 
-    steps: A[Int, doc("optimizer steps", **STEPS)] = 100
+    steps: A[
+        Int | None, doc("optimizer steps (null with train.epochs: computed from the data)", **STEPS)
+    ] = 100
+    epochs: A[
+        Positive | None,
+        doc(
+            "passes over the training rows, may be fractional: train.steps becomes ceil(epochs x "
+            "rows / global batch rows) (null: train.steps decides)",
+            le=10**6,
+        ),
+    ] = None
     micro_batch_size: A[Int, doc("sequences per rank per forward pass", **BATCH)] = 8
     grad_accum_steps: A[Int, doc("micro-batches per optimizer step", **BATCH)] = 1
     global_batch_size: A[
@@ -218,7 +263,10 @@ class ParallelCommon:
             le=2**20,
         ),
     ] = None
-    compile: A[Bool, doc("torch.compile each transformer block")] = False
+    compile: A[
+        Literal["auto"] | Bool,
+        doc("torch.compile each transformer block (auto: on a CUDA GPU, off on CPU)"),
+    ] = "auto"
 
 
 # `parallel.<engine>`: one section per engine of the catalog, built here so that adding an engine

@@ -20,6 +20,8 @@ from zerofit.data import Batch, eval_batches, real_tokens
 from zerofit.dist import DistContext
 from zerofit.errors import EXIT_IO, EXIT_NONFINITE, RunStopped, UserError
 from zerofit.faults.nonfinite import StepResult
+from zerofit.models.build import params_line, weights_line
+from zerofit.models.describe import fast_path_line
 from zerofit.models.loss import IGNORE_INDEX
 from zerofit.profiling import DATA, FORWARD_BACKWARD, OPTIMIZER, StepProfiler
 from zerofit.reports import write_precision_report
@@ -47,9 +49,18 @@ class Trainer:
         self.last_saved = 0
         self.real_tokens: torch.Tensor | None = None  # the last step's, on fine-tuning rows
         self.profiler = StepProfiler.off()  # log.profile_steps: set up by fit()
+        if ctx.is_main:  # where the weights come from, and how many parameters train
+            print(weights_line(self.spec.weights_source), flush=True)
+            print(params_line(self.spec.num_params, self.spec.trainable_params or 0), flush=True)
         line = self.data.report_line()  # fine-tuning data: what packing kept, cut and dropped
         if line and ctx.is_main:
             print(line, flush=True)
+        if ctx.is_main:  # compile, attention, head: what this run's speed rests on
+            p, m = cfg.parallel, cfg.model
+            path = fast_path_line(
+                self.spec.module, ctx.device, p.compile, m.loss_chunk, self.data.masked
+            )
+            print(path, flush=True)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
@@ -97,6 +108,8 @@ class Trainer:
         """The run's totals for the summary, beside those of the loop."""
         counts: dict[str, Any] = {
             "num_params": self.spec.num_params,
+            "trainable_params": self.spec.trainable_params,
+            "weights": self.spec.weights_source,
             "nonfinite_skips": self.stops.nonfinite.skipped,
             "loss_scale_skips": self.stops.nonfinite.scale_skips,
         }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-BUILT_IN = ("train", "plan", "bench", "doctor", "export", "config")
+BUILT_IN = ("train", "plan", "bench", "doctor", "export", "config", "data")
 
 
 def modules() -> list[ModuleType]:

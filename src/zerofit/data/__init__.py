@@ -2,12 +2,15 @@
 
 - ``tokenizers``: bytes, a ``tokenizer.json``, or a tokenizer folder (AutoTokenizer).
 - ``sources``: "stdlib", .txt/.jsonl/.json/.parquet files and directories.
+- ``formats``: what chat, ShareGPT and Alpaca records hold (fields, role map).
 - ``samples``: prompt/completion and chat records rendered to ids and loss masks.
+- ``sizing``: whether the rows hold out validation and fill a global batch; steps from epochs.
 - ``packing``: text rows, sample rows kept apart (first-fit), the train/val split.
 - ``build``: a data config to a ``DataBundle``; ``loader``: ``PackedLoader`` and eval batches.
 """
 
 from zerofit.data.build import DataBundle, SampleOptions, build_data
+from zerofit.data.formats import SAMPLE_FORMATS, field_names
 from zerofit.data.loader import Batch, PackedLoader, eval_batches, real_tokens, to_batch
 from zerofit.data.packing import (
     IGNORE_INDEX,
@@ -19,7 +22,15 @@ from zerofit.data.packing import (
     split_train_val,
     tokenize_stream,
 )
-from zerofit.data.samples import ChatRenderer, Sample, prompt_completion_sample, render_samples
+from zerofit.data.samples import (
+    ChatRenderer,
+    Sample,
+    has_chat_template,
+    prompt_completion_sample,
+    render_samples,
+    sampler,
+)
+from zerofit.data.sizing import GlobalBatch, RowSupply, check_rows, epoch_steps
 from zerofit.data.sources import iter_documents, iter_records, iter_sample_records, stdlib_files
 from zerofit.data.tokenizers import (
     EOS_CANDIDATES,
@@ -34,23 +45,30 @@ from zerofit.data.tokenizers import (
 __all__ = [
     "EOS_CANDIDATES",
     "IGNORE_INDEX",
+    "SAMPLE_FORMATS",
     "AnyTokenizer",
     "Batch",
     "ByteTokenizer",
     "ChatRenderer",
     "DataBundle",
     "FolderTokenizer",
+    "GlobalBatch",
     "HFTokenizer",
     "PackStats",
     "PackedLoader",
     "real_tokens",
+    "RowSupply",
     "Sample",
     "SampleOptions",
     "Tokenizer",
     "build_data",
+    "check_rows",
+    "epoch_steps",
     "eval_batches",
+    "field_names",
     "first_fit",
     "fit_samples",
+    "has_chat_template",
     "iter_documents",
     "iter_records",
     "iter_sample_records",
@@ -59,6 +77,7 @@ __all__ = [
     "pack_samples",
     "prompt_completion_sample",
     "render_samples",
+    "sampler",
     "split_train_val",
     "stdlib_files",
     "to_batch",

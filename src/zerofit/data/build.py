@@ -9,6 +9,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from zerofit.data.formats import field_names
 from zerofit.data.packing import (
     PackStats,
     fit_samples,
@@ -17,7 +18,8 @@ from zerofit.data.packing import (
     split_train_val,
     tokenize_stream,
 )
-from zerofit.data.samples import Sample, render_samples
+from zerofit.data.samples import Sample, has_chat_template, render_samples
+from zerofit.data.sizing import GlobalBatch, RowSupply, check_rows
 from zerofit.data.sources import iter_documents, iter_sample_records
 from zerofit.data.tokenizers import AnyTokenizer, load_tokenizer
 from zerofit.errors import UserError
@@ -29,22 +31,34 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class SampleOptions:
-    """How fine-tuning records become rows (data.format prompt_completion or chat)."""
+    """How fine-tuning records become rows (data.format prompt_completion, chat, sharegpt or
+    alpaca). The record fields read: see formats.field_names."""
 
-    format: str  # "prompt_completion" | "chat"
+    format: str  # "prompt_completion" | "chat" | "sharegpt" | "alpaca"
     prompt_field: str = "prompt"
     completion_field: str = "completion"
-    messages_field: str = "messages"
+    messages_field: str | None = None  # messages (chat), conversations (sharegpt)
     train_on: str = "completion"  # "completion" | "all"
     overlong: str = "truncate"  # "truncate" | "drop" | "error"
     packing: bool = True
+    columns: tuple[tuple[str, str], ...] = ()  # data.columns: {the format's field name: yours}
+    roles: tuple[tuple[str, str], ...] = ()  # data.roles: a record's role -> the template's
 
     def fields(self) -> dict[str, str]:
-        return {
-            "prompt": self.prompt_field,
-            "completion": self.completion_field,
-            "messages": self.messages_field,
-        }
+        return field_names(
+            self.format,
+            dict(self.columns),
+            prompt=self.prompt_field,
+            completion=self.completion_field,
+            messages=self.messages_field,
+        )
+
+    def role_map(self) -> dict[str, str]:
+        return dict(self.roles)
+
+    def key(self) -> tuple:
+        """What decides the samples (the in-memory cache's key)."""
+        return (self.format, tuple(self.fields().items()), self.roles, self.train_on)
 
 
 @dataclass
@@ -56,6 +70,7 @@ class DataBundle:
     num_tokens: int  # tokens read (text: in the stream before packing)
     stats: PackStats | None = None  # fine-tuning samples: what packing did with them
     options: SampleOptions | None = None
+    label: str | None = None  # how the samples were rendered, e.g. "alpaca as chat"
 
     @property
     def masked(self) -> bool:
@@ -66,7 +81,8 @@ class DataBundle:
         """What packing did, for the run's start (None for text)."""
         if self.stats is None or self.options is None:
             return None
-        return f"data ({self.options.format}): {self.stats.line(self.options.packing)}"
+        label = self.label or self.options.format
+        return f"data ({label}): {self.stats.line(self.options.packing)}"
 
 
 def _cached(key: tuple, make: Callable[[], T]) -> T:
@@ -91,7 +107,10 @@ def _text_rows(
     stream = _cached(key, lambda: tokenize_stream(iter_documents(source, field), tok, max_tokens))
     seqs = pack(stream, seq_len)
     if len(seqs) == 0:
-        raise UserError(f"data has only {len(stream)} tokens: not one sequence of {seq_len + 1}")
+        raise UserError(
+            f"data has only {len(stream)} tokens: not one sequence of {seq_len + 1}; lower "
+            "model.seq_len or add data"
+        )
     return seqs, len(stream)
 
 
@@ -104,13 +123,13 @@ def _sample_rows(
     max_tokens: int | None,
 ) -> tuple[np.ndarray, PackStats]:
     sources = tuple([source] if isinstance(source, str) else source)
-    fields = opts.fields()
-    key = (sources, tokenizer, opts.format, tuple(fields.items()), opts.train_on, max_tokens)
+    key = (sources, tokenizer, opts.key(), max_tokens)
 
     def make() -> list[Sample]:
         records = iter_sample_records(source)
+        fmt, fields, roles = opts.format, opts.fields(), opts.role_map()
         return list(
-            render_samples(records, tok, opts.format, fields, opts.train_on, tokenizer, max_tokens)
+            render_samples(records, tok, fmt, fields, opts.train_on, tokenizer, max_tokens, roles)
         )
 
     samples, stats = fit_samples(_cached(key, make), seq_len, opts.overlong)
@@ -124,6 +143,21 @@ def _sample_rows(
     return rows, stats
 
 
+def _supply(
+    rows: int, tokens: int, max_tokens: int | None, stats: PackStats | None, packing: bool
+) -> RowSupply:
+    """What the rows came from, and how to get more of them (for the small-data error line)."""
+    more = ["a lower model.seq_len"] if stats is None or packing else []
+    if max_tokens is not None and tokens >= max_tokens:
+        more.append(f"a higher data.max_tokens (now {max_tokens})")
+    more.append("more data")
+    if stats is None:
+        return RowSupply(rows, f"{rows} row{'s' * (rows != 1)} of text", None, tuple(more))
+    kept = stats.samples - stats.dropped_samples - stats.skipped_samples
+    what = f"{rows} {'packed ' if packing else ''}row{'s' * (rows != 1)} ({kept} samples)"
+    return RowSupply(rows, what, kept if packing else None, tuple(more))
+
+
 def build_data(
     source: str | list[str],
     tokenizer: str,
@@ -133,17 +167,33 @@ def build_data(
     max_tokens: int | None,
     seed: int = 0,
     samples: SampleOptions | None = None,
+    global_batch: GlobalBatch | None = None,
 ) -> DataBundle:
     """Tokenize, pack and split: documents (``samples`` None: data.format text) or fine-tuning
-    samples. The caller checks that train is big enough for a global batch (``PackedLoader``
-    raises UserError if not)."""
+    samples. Too few rows for the validation hold-out and one ``global_batch`` (None: one row)
+    is one UserError naming every fix (``zerofit.data.sizing``); ``PackedLoader`` checks the
+    global batch again."""
     if seq_len < 1:
         raise UserError(f"seq_len must be >= 1, got {seq_len}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise UserError(f"val_fraction must be in [0, 1), got {val_fraction}")
     tok = load_tokenizer(tokenizer)
+    stats = None
     if samples is None:
         rows, num_tokens = _text_rows(source, tok, tokenizer, field, seq_len, max_tokens)
-        train, val = split_train_val(rows, val_fraction, seed)
-        return DataBundle(tok, train, val, seq_len, num_tokens)
-    rows, stats = _sample_rows(source, tok, tokenizer, samples, seq_len, max_tokens)
+    else:
+        rows, stats = _sample_rows(source, tok, tokenizer, samples, seq_len, max_tokens)
+        num_tokens = stats.tokens
+    packing = samples is None or samples.packing
+    supply = _supply(len(rows), num_tokens, max_tokens, stats, packing)
+    check_rows(supply, val_fraction, global_batch)
     train, val = split_train_val(rows, val_fraction, seed)
-    return DataBundle(tok, train, val, seq_len, stats.tokens, stats, samples)
+    if samples is None:
+        return DataBundle(tok, train, val, seq_len, num_tokens)
+    return DataBundle(tok, train, val, seq_len, num_tokens, stats, samples, _label(samples, tok))
+
+
+def _label(opts: SampleOptions, tok: AnyTokenizer) -> str:
+    if opts.format != "alpaca":
+        return opts.format
+    return "alpaca as chat" if has_chat_template(tok) else "alpaca as prompt_completion"

@@ -68,9 +68,11 @@ class PackedLoader:
         self.n = len(sequences)
         if self.n < self.global_batch:
             raise UserError(
-                f"only {self.n} train sequences but one global batch needs {self.global_batch} "
-                f"(micro_batch_size {micro_batch_size} x grad_accum {grad_accum_steps} x "
-                f"dp {dp_size}); add data, raise max_tokens or shrink the batch/seq_len"
+                f"data: only {self.n} training rows but one global batch needs "
+                f"{self.global_batch} (train.micro_batch_size={micro_batch_size} x "
+                f"train.grad_accum_steps={grad_accum_steps} x {dp_size} ranks); lower "
+                "train.micro_batch_size or train.grad_accum_steps, set data.val_fraction=0, "
+                "lower model.seq_len, or add data"
             )
         self.epoch = 0
         self.position = 0  # offset in this epoch's permutation of the current global batch

@@ -8,20 +8,25 @@
   the end-of-turn token(s), not the role header. The turns are found by rendering prefixes of the
   conversation (``messages[:i]`` with the generation prompt, and ``messages[:i+1]``), checking each
   is a prefix of the whole rendering, and marking the tokens whose characters overlap the turn's
-  span (the fast tokenizer's offset mapping).
+  span (the fast tokenizer's offset mapping). A conversation without an assistant turn is an error
+  (nothing to learn), as is a role the template refuses.
+- ``sharegpt``: read as a chat (``zerofit.data.formats``: fields and the role map).
+- ``alpaca``: a chat (system, user, assistant) when the tokenizer is a fast tokenizer folder with a
+  chat template, else prompt + completion (see ``zerofit.data.formats`` for the joining).
 
 A sample's ``mask[j]`` says whether token ``j`` is a loss target (predicted from tokens ``< j``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from zerofit.data.sources import Record, field_text
+import zerofit.data.formats as formats
+from zerofit.data.sources import Record
 from zerofit.data.tokenizers import AnyTokenizer
 from zerofit.errors import UserError
 from zerofit.limits import shown
@@ -34,36 +39,39 @@ class Sample:
     where: str  # file:line of its record
 
 
+def text_sample(
+    tok: AnyTokenizer, prompt: str, completion: str, where: str, train_on: str
+) -> Sample:
+    """prompt + completion + end token; no BOS is added."""
+    p = tok.encode(prompt)
+    end = [] if tok.end_id is None else [tok.end_id]
+    ids = np.concatenate([p, tok.encode(completion), np.asarray(end, dtype=np.int32)])
+    mask = np.ones(len(ids), dtype=bool)
+    if train_on == "completion":
+        mask[: len(p)] = False
+    return Sample(ids.astype(np.int32), mask, where)
+
+
 def prompt_completion_sample(
     tok: AnyTokenizer, obj: dict[str, Any], where: str, fields: tuple[str, str], train_on: str
 ) -> Sample:
     """prompt + completion + end token; no BOS is added."""
-    prompt = tok.encode(field_text(obj, fields[0], where))
-    completion = tok.encode(field_text(obj, fields[1], where))
-    end = [] if tok.end_id is None else [tok.end_id]
-    ids = np.concatenate([prompt, completion, np.asarray(end, dtype=np.int32)])
-    mask = np.ones(len(ids), dtype=bool)
-    if train_on == "completion":
-        mask[: len(prompt)] = False
-    return Sample(ids.astype(np.int32), mask, where)
+    names = {"prompt": fields[0], "completion": fields[1]}
+    prompt = formats.text(obj, "prompt_completion", names, "prompt", where, False)
+    completion = formats.text(obj, "prompt_completion", names, "completion", where, False)
+    return text_sample(tok, prompt, completion, where, train_on)
 
 
-def _messages(obj: dict[str, Any], field: str, where: str) -> list[dict[str, Any]]:
-    if field not in obj:
-        raise UserError(f"{where}: no field {field!r} in this record")
-    messages = obj[field]
-    if not isinstance(messages, list) or not messages:
-        raise UserError(f"{where}: field {field!r} must be a non-empty list of messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
-            raise UserError(f"{where}: message {i} must be an object with 'role' and 'content'")
-    return messages
+def has_chat_template(tok: AnyTokenizer) -> bool:
+    """A fast tokenizer folder with a chat template (alpaca renders as a chat with it)."""
+    hf = getattr(tok, "hf", None)
+    return hf is not None and bool(tok.chat_template) and bool(getattr(hf, "is_fast", False))
 
 
 class ChatRenderer:
     """Renders conversations with a tokenizer folder's chat template (see the module doc)."""
 
-    def __init__(self, tok: AnyTokenizer, spec: str) -> None:
+    def __init__(self, tok: AnyTokenizer, spec: str, fmt: str = "chat") -> None:
         hf = getattr(tok, "hf", None)
         if hf is None or not tok.chat_template:
             what = (
@@ -72,12 +80,12 @@ class ChatRenderer:
                 else "has none (add chat_template to its tokenizer_config.json)"
             )
             raise UserError(
-                f"data.format=chat needs a tokenizer folder with a chat template; data.tokenizer "
+                f"data.format={fmt} needs a tokenizer folder with a chat template; data.tokenizer "
                 f"{shown(spec, quote=False)} {what}"
             )
         if not getattr(hf, "is_fast", False):
-            raise UserError(f"data.format=chat needs a fast tokenizer; {spec} is not one")
-        self.hf = hf
+            raise UserError(f"data.format={fmt} needs a fast tokenizer; {spec} is not one")
+        self.hf, self.fmt = hf, fmt
 
     def render(self, messages: list[dict[str, Any]], where: str, generation: bool = False) -> str:
         try:
@@ -85,8 +93,11 @@ class ChatRenderer:
                 messages, tokenize=False, add_generation_prompt=generation
             )
         except Exception as e:  # jinja2 TemplateError (raise_exception), TypeError, ...
+            roles = ", ".join(dict.fromkeys(str(m.get("role")) for m in messages))
             raise UserError(
-                f"{where}: the chat template refused this conversation: {shown(e, quote=False)}"
+                f"{where}: the chat template refused this conversation: {shown(e, quote=False)} "
+                f"(roles: {shown(roles, quote=False)}); a role it cannot render can be mapped "
+                "with data.roles.<role>: user, assistant or system"
             ) from None
 
     def assistant_spans(
@@ -117,12 +128,19 @@ class ChatRenderer:
             return ""
 
     def sample(self, obj: dict[str, Any], where: str, field: str, train_on: str) -> Sample:
-        messages = _messages(obj, field, where)
+        """A chat record (``field``: its messages)."""
+        names = formats.field_names("chat", messages=field)
+        messages = formats.conversation(obj, where, "chat", names, None)
+        return self.sample_messages(messages, where, train_on)
+
+    def sample_messages(self, messages: list[dict[str, Any]], where: str, train_on: str) -> Sample:
+        """A conversation's ids, and its assistant turns as the mask (train_on=completion)."""
         full = self.render(messages, where)
         enc = self.hf(full, add_special_tokens=False, return_offsets_mapping=True)
         ids = np.asarray(enc["input_ids"], dtype=np.int32)
         if train_on == "all":
             return Sample(ids, np.ones(len(ids), dtype=bool), where)
+        formats.check_learns(messages, self.fmt, where)
         offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
         mask = np.zeros(len(ids), dtype=bool)
         for lo, hi in self.assistant_spans(messages, full, where):
@@ -130,25 +148,57 @@ class ChatRenderer:
         return Sample(ids, mask, where)
 
 
+Sampler = Callable[[dict[str, Any], str], Sample]
+
+
+def sampler(
+    tok: AnyTokenizer,
+    fmt: str,
+    fields: Mapping[str, str],
+    train_on: str,
+    spec: str,
+    roles: Mapping[str, str] | None = None,
+) -> Sampler:
+    """(record, where) -> Sample for a fine-tuning format (``fields``: see formats.field_names)."""
+    names = formats.field_names(fmt, **fields)
+    if fmt in ("chat", "sharegpt"):
+        chat = ChatRenderer(tok, spec, fmt)
+        return lambda obj, where: chat.sample_messages(
+            formats.conversation(obj, where, fmt, names, roles), where, train_on
+        )
+    if fmt == "alpaca" and has_chat_template(tok):
+        alpaca = ChatRenderer(tok, spec, fmt)
+        return lambda obj, where: alpaca.sample_messages(
+            formats.alpaca_messages(*formats.alpaca_parts(obj, where, names)), where, train_on
+        )
+    if fmt == "alpaca":
+
+        def plain(obj: dict[str, Any], where: str) -> Sample:
+            system, user, output = formats.alpaca_parts(obj, where, names)
+            return text_sample(tok, formats.alpaca_prompt(system, user), output, where, train_on)
+
+        return plain
+    if fmt == "prompt_completion":
+        pair = (names["prompt"], names["completion"])
+        return lambda obj, where: prompt_completion_sample(tok, obj, where, pair, train_on)
+    raise UserError(f"data.format={shown(fmt)} holds no fine-tuning samples")
+
+
 def render_samples(
     records: Iterable[Record],
     tok: AnyTokenizer,
     fmt: str,
-    fields: dict[str, str],
+    fields: Mapping[str, str],
     train_on: str,
     spec: str,
     max_tokens: int | None = None,
+    roles: Mapping[str, str] | None = None,
 ) -> Iterator[Sample]:
     """The records' samples, until ``max_tokens`` tokens have been read."""
-    if fmt == "chat":
-        renderer = ChatRenderer(tok, spec)
+    make = sampler(tok, fmt, fields, train_on, spec, roles)
     total = 0
     for obj, where in records:
-        if fmt == "chat":
-            s = renderer.sample(obj, where, fields["messages"], train_on)
-        else:
-            pair = (fields["prompt"], fields["completion"])
-            s = prompt_completion_sample(tok, obj, where, pair, train_on)
+        s = make(obj, where)
         yield s
         total += len(s.ids)
         if max_tokens is not None and total >= max_tokens:

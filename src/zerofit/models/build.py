@@ -3,7 +3,8 @@
 The module in a ``ModelSpec`` has its parameters on the meta device (buffers real); the trainer
 shards it, materialises it (``meta.allocate_`` keeps buffers) and fills each parameter with
 ``init_param_`` (``zerofit.models.init``) or ``weights``. Parameter counts and FLOPs per token come
-from ``shape``, a ``zerofit.models.shape.ModelShape``.
+from ``shape``, a ``zerofit.models.shape.ModelShape``. An ``hf`` folder must hold weights that fit
+the model (``zerofit.models.hf_weights``) unless ``random_init``; presets always start at random.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
 
 from zerofit.errors import UserError
+from zerofit.limits import shown
 from zerofit.models.init import hf_init, llama_init
 from zerofit.models.llama import Llama
 from zerofit.models.meta import meta_params
@@ -38,6 +41,12 @@ class ModelSpec:
     construct: Callable[
         [], nn.Module
     ]  # builds the same module with real parameters (for zero.Init)
+    # where ``weights`` reads from (``hf_weights.WeightFiles.source``), or why there is nothing to
+    # read ({"format": "none", "reason": ...}); JSON-able, for the run's first lines and summary
+    weights_source: dict[str, Any] | None = None
+    # parameters that train (LoRA: the adapters), counted on the module before an engine shards it
+    # (``zerofit.inputs.build_inputs``); None: not counted
+    trainable_params: int | None = None
 
     @property
     def num_params(self) -> int:
@@ -63,13 +72,23 @@ def _build_llama(preset: str, overrides: dict | None, loss_chunk: int) -> ModelS
         fingerprint={"source": "zerofit-llama", "args": asdict(args)},
         weights=None,
         construct=partial(Llama, args, loss_chunk),
+        weights_source={"format": "none", "reason": f"model.preset: {preset}"},
     )
 
 
-def _build_hf(directory: str, overrides: dict | None, loss_chunk: int, trust: bool) -> ModelSpec:
-    from zerofit.models.hf import build_hf, construct_hf, load_hf_weights
+def _build_hf(
+    directory: str, overrides: dict | None, loss_chunk: int, trust: bool, random_init: bool
+) -> ModelSpec:
+    from zerofit.models.hf import build_hf, construct_hf
+    from zerofit.models.hf_weights import load_hf_weights
 
     module, info = build_hf(directory, overrides, loss_chunk, trust)
+    weights = None if random_init else load_hf_weights(directory, module, bool(overrides))
+    source = (
+        weights.source()
+        if weights is not None
+        else {"format": "none", "reason": "model.random_init: true"}
+    )
     return ModelSpec(
         module=module,
         blocks_path=info.blocks_path,
@@ -78,8 +97,9 @@ def _build_hf(directory: str, overrides: dict | None, loss_chunk: int, trust: bo
         shape=info.shape,
         init_param_=hf_init(module),
         fingerprint=info.fingerprint,
-        weights=load_hf_weights(directory, module),
+        weights=weights,
         construct=partial(construct_hf, info.config, loss_chunk, module.fused, trust),
+        weights_source=source,
     )
 
 
@@ -89,6 +109,7 @@ def build_model(
     overrides: dict | None = None,
     loss_chunk: int = 4096,
     trust_remote_code: bool = False,
+    random_init: bool = False,
 ) -> ModelSpec:
     """Build a model spec from exactly one of a zerofit Llama ``preset`` or an ``hf`` directory.
 
@@ -96,10 +117,51 @@ def build_model(
     ``loss_chunk``: tokens per chunk of the fused head + loss (0: full logits; HF models whose
     logits are transformed after the head always use full logits: ``shape.fused_head`` says which).
     ``trust_remote_code``: let an ``hf`` folder run its own Python code.
+    ``random_init``: do not read an ``hf`` folder's weights (else it must hold weights that fit the
+    model: UserError otherwise); presets always start from random weights.
     """
     if (preset is None) == (hf is None):
         raise UserError("give exactly one of model.preset or model.hf")
     if preset is not None:
         return _build_llama(preset, overrides, loss_chunk)
     assert hf is not None
-    return _build_hf(hf, overrides, loss_chunk, trust_remote_code)
+    return _build_hf(hf, overrides, loss_chunk, trust_remote_code, random_init)
+
+
+def param_counts(module: nn.Module) -> tuple[int, int]:
+    """(all, trainable) parameters of a module not yet sharded (meta parameters count too)."""
+    params = list(module.parameters())
+    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+
+
+def _short(n: float, units: tuple[str, ...], sep: str) -> str:
+    """``n`` in the largest of ``units`` (steps of 1000) it reaches: 3 digits, or whole."""
+    i = 0
+    while i < len(units) - 1 and n >= 1000:
+        n, i = n / 1000, i + 1
+    if i == 0:
+        return f"{int(n)}{sep}{units[0]}"
+    digits = 2 if n < 10 else 1 if n < 100 else 0
+    return f"{n:,.{digits}f}{sep}{units[i]}"
+
+
+def weights_line(source: dict[str, Any] | None) -> str:
+    """``weights: 2 safetensors files in DIR, 291 tensors (2.47 GB)``, or ``weights: none
+    (model.random_init: true): random initialisation``."""
+    if not source or source.get("format") == "none":
+        why = (source or {}).get("reason", "nothing to read")
+        return f"weights: none ({why}): random initialisation"
+    n = len(source["files"])
+    kind = {"safetensors": "safetensors", "bin": "PyTorch .bin"}.get(source["format"], "")
+    size = _short(source["bytes"], ("bytes", "kB", "MB", "GB", "TB"), " ")
+    return (
+        f"weights: {n} {kind} file{'s' if n != 1 else ''} in {shown(source['directory'], quote=False)}, "
+        f"{source['tensors']} tensors ({size})"
+    )
+
+
+def params_line(total: int, trainable: int) -> str:
+    """``params: 1.24B, 1.24B trainable (100%)`` (exact counts in summary.json)."""
+    share = f"{100 * trainable / total:.3g}%" if total else "-"
+    units = ("", "K", "M", "B", "T")
+    return f"params: {_short(total, units, '')}, {_short(trainable, units, '')} trainable ({share})"

@@ -4,22 +4,19 @@
 parameters on the meta device (buffers real), and wraps it in ``HFCausalLM``
 (``zerofit.models.hf_head``: ``forward(tokens, targets=None, positions=None)``, the output layer
 fused with the loss where the architecture allows). The HF model sits under the attribute ``hf``,
-so adapter parameter names are ``"hf." + <HF state-dict name>``. ``HFWeights`` reads safetensors one
-tensor at a time. The folder's own Python code runs only with ``trust_remote_code``.
+so adapter parameter names are ``"hf." + <HF state-dict name>``; the folder's weight files are read
+by ``zerofit.models.hf_weights``. The folder's own Python code runs only with ``trust_remote_code``.
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
 import sys
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 
 from zerofit.errors import UserError
@@ -28,11 +25,10 @@ from zerofit.models.hf_attention import NAME as VARLEN
 from zerofit.models.hf_attention import register as register_varlen
 from zerofit.models.hf_attention import varlen_refusal
 from zerofit.models.hf_head import HFCausalLM, head_structure_fallback
-from zerofit.models.llama import strip_wrapper_names
 from zerofit.models.meta import meta_params
 from zerofit.models.shape import ModelShape, ParamCounts, hf_head_fallback
 
-__all__ = ["HFCausalLM", "HFInfo", "HFWeights", "build_hf", "construct_hf", "load_hf_weights"]
+__all__ = ["HFCausalLM", "HFInfo", "build_hf", "construct_hf"]
 
 PREFIX = "hf."
 # Config keys that describe the run or the file, not the architecture.
@@ -277,91 +273,3 @@ def measure_shape(adapter: HFCausalLM, blocks_path: str) -> ModelShape:
     return ModelShape.from_hf_config(
         described, name=name, measured=counts, fused_head=adapter.fused
     )
-
-
-class HFWeights(Mapping[str, torch.Tensor]):
-    """Lazy ``adapter param name -> full tensor`` over safetensors files; also callable.
-
-    Names may carry wrapper segments; a missing ``lm_head.weight`` falls back to the input
-    embedding (tied checkpoints), and a missing base-model prefix (``model.``) is tolerated.
-    """
-
-    def __init__(
-        self, files: dict[str, str], prefix: str = PREFIX, aliases: dict | None = None
-    ) -> None:
-        self._files = files  # HF tensor name -> file path
-        self._prefix = prefix
-        self._aliases = aliases or {}
-
-    def _resolve(self, name: str) -> str:
-        key = strip_wrapper_names(name)
-        if self._prefix and key.startswith(self._prefix):
-            key = key[len(self._prefix) :]
-        for c in (key, self._aliases.get(key)):
-            # Checkpoints of a bare base model lack the "model." prefix; tolerate either way.
-            for variant in (c, c and c.removeprefix("model."), c and "model." + c):
-                if variant and variant in self._files:
-                    return variant
-        raise KeyError(name)
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
-        key = self._resolve(name)
-        with safe_open(self._files[key], framework="pt", device="cpu") as f:
-            return f.get_tensor(key)
-
-    def __call__(self, name: str) -> torch.Tensor:
-        return self[name]
-
-    def __contains__(self, name: object) -> bool:
-        try:
-            self._resolve(str(name))
-        except KeyError:
-            return False
-        return True
-
-    def __iter__(self) -> Iterator[str]:
-        return (self._prefix + k for k in self._files)
-
-    def __len__(self) -> int:
-        return len(self._files)
-
-
-def _tensor_files(directory: str) -> dict[str, str]:
-    from safetensors import safe_open
-
-    single = os.path.join(directory, "model.safetensors")
-    index = os.path.join(directory, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            weight_map = json.load(f).get("weight_map", {})
-        return {k: os.path.join(directory, v) for k, v in weight_map.items()}
-    paths = (
-        [single]
-        if os.path.isfile(single)
-        else sorted(glob.glob(os.path.join(directory, "model-*.safetensors")))
-    )
-    files: dict[str, str] = {}
-    for path in paths:
-        with safe_open(path, framework="pt", device="cpu") as f:
-            files.update(dict.fromkeys(f.keys(), path))
-    return files
-
-
-def load_hf_weights(directory: str, model: HFCausalLM | None = None) -> HFWeights | None:
-    """Lazy weights of the safetensors checkpoint in ``directory``, or None when there is none.
-
-    Pass the adapter ``model`` so a missing output head can fall back to the input embedding.
-    """
-    files = _tensor_files(directory)
-    if not files:
-        return None
-    aliases = {"lm_head.weight": "model.embed_tokens.weight"}
-    if model is not None:
-        named = list(model.hf.named_parameters(remove_duplicate=False))
-        embed, head = model.hf.get_input_embeddings(), model.hf.get_output_embeddings()
-        embed_name = next(n for n, p in named if p is embed.weight)
-        if head is not None:
-            aliases = {n: embed_name for n, p in named if p is head.weight and n != embed_name}
-    return HFWeights(files, PREFIX, aliases)

@@ -4,7 +4,10 @@
 becomes a ``LoRALinear`` that holds the base layer's own ``weight`` (and ``bias``) parameters,
 so their names do not change (base weights load from disk, checkpoints and export keep working),
 and gains two factors: ``<layer>.lora_A.weight`` [r, in] and ``<layer>.lora_B.weight`` [out, r]
-(PEFT's names). ``forward(x) = base(x) + (alpha / r) * B(A(dropout(x)))``.
+(PEFT's names). ``forward(x) = base(x) + (alpha / r) * B(A(dropout(x)))``; with ``lean`` (the
+default, ``model.lean_ops``) the update is one autograd function that keeps less for backward
+(``zerofit.models.lora_delta``), wherever the factors are whole in the layer (not a ZeRO-3
+partition, which the factor modules' own calls gather).
 
 A starts as PEFT's default (kaiming-uniform with a = sqrt(5): U(-1/sqrt(in), 1/sqrt(in))) and B at
 zero, so a fresh model computes what its base does. Both come from the spec's name-seeded
@@ -29,6 +32,7 @@ from torch import nn
 
 from zerofit.errors import UserError
 from zerofit.models import ModelSpec
+from zerofit.models.lora_delta import lora_delta
 from zerofit.models.loss import LMHead
 from zerofit.models.shape import ModelShape, ParamCounts
 
@@ -51,7 +55,9 @@ class LoRAFactor(nn.Module):
 class LoRALinear(nn.Module):
     """``base(x) + scale * lora_B(lora_A(dropout(x)))``, keeping the base's parameter names."""
 
-    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float) -> None:
+    def __init__(
+        self, base: nn.Linear, rank: int, alpha: float, dropout: float, lean: bool = True
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight = base.weight
@@ -60,10 +66,13 @@ class LoRALinear(nn.Module):
         self.lora_A = LoRAFactor(base.in_features, rank, device)
         self.lora_B = LoRAFactor(rank, base.out_features, device)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        self.scale = alpha / rank
+        self.p, self.scale, self.lean = dropout, alpha / rank, lean
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x, self.weight, self.bias)
+        a, b = self.lora_A.weight, self.lora_B.weight
+        if self.lean and a.dim() == 2 and b.dim() == 2:  # whole here: one lean function
+            return out + lora_delta(x, a, b, self.p, self.scale, self.training)
         return out + self.lora_B(self.lora_A(self.dropout(x))) * self.scale
 
     def extra_repr(self) -> str:
@@ -141,7 +150,9 @@ def _input_embedding(root: nn.Module) -> nn.Module | None:
     return next((m for m in root.modules() if isinstance(m, nn.Embedding)), None)
 
 
-def inject(root: nn.Module, names: list[str], rank: int, alpha: float, dropout: float) -> nn.Module:
+def inject(
+    root: nn.Module, names: list[str], rank: int, alpha: float, dropout: float, lean: bool = True
+) -> nn.Module:
     """Replace the named linear layers by ``LoRALinear``s, in place; freeze all but the factors.
 
     The frozen input embedding's output is marked as requiring grad (as PEFT's
@@ -150,7 +161,7 @@ def inject(root: nn.Module, names: list[str], rank: int, alpha: float, dropout: 
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = root.get_submodule(parent_name) if parent_name else root
-        setattr(parent, child, LoRALinear(getattr(parent, child), rank, alpha, dropout))
+        setattr(parent, child, LoRALinear(getattr(parent, child), rank, alpha, dropout, lean))
     for pname, p in root.named_parameters():
         p.requires_grad_(is_adapter(pname))
     embedding = _input_embedding(root)
@@ -188,9 +199,9 @@ def _weights_with_adapters(base: Callable | None) -> Callable | None:
     return weights
 
 
-def _construct_with_adapters(base: Callable, names: list[str], lora: Any) -> Callable:
+def _construct_with_adapters(base: Callable, names: list[str], lora: Any, lean: bool) -> Callable:
     def construct() -> nn.Module:
-        return inject(base(), names, lora.rank, lora.alpha, lora.dropout)
+        return inject(base(), names, lora.rank, lora.alpha, lora.dropout, lean)
 
     return construct
 
@@ -219,12 +230,13 @@ def lora_shape(spec: ModelSpec) -> LoRAShape:
     return LoRAShape(**{**fields, "measured": counts}, frozen_flops_params=base.flops_params)
 
 
-def apply_lora(spec: ModelSpec, lora: Any) -> ModelSpec:
-    """The LoRA form of ``spec`` for ``model.lora`` (``rank`` 0: ``spec`` itself)."""
+def apply_lora(spec: ModelSpec, lora: Any, lean: bool = True) -> ModelSpec:
+    """The LoRA form of ``spec`` for ``model.lora`` (``rank`` 0: ``spec`` itself); ``lean``:
+    ``model.lean_ops``."""
     if lora.rank == 0:
         return spec
     names = select_targets(spec.module, lora.targets)
-    inject(spec.module, names, lora.rank, lora.alpha, lora.dropout)
+    inject(spec.module, names, lora.rank, lora.alpha, lora.dropout, lean)
     fingerprint = {
         **spec.fingerprint,
         "lora": {"rank": lora.rank, "alpha": float(lora.alpha), "modules": names},
@@ -233,7 +245,7 @@ def apply_lora(spec: ModelSpec, lora: Any) -> ModelSpec:
         spec,
         init_param_=_init_with_adapters(spec.init_param_),
         weights=_weights_with_adapters(spec.weights),
-        construct=_construct_with_adapters(spec.construct, names, lora),
+        construct=_construct_with_adapters(spec.construct, names, lora, lean),
         fingerprint=fingerprint,
     )
     return replace(out, shape=lora_shape(out))

@@ -13,7 +13,7 @@ from zerofit.config import Config, with_fields
 from zerofit.errors import UserError
 from zerofit.models.shape import shape_from_config
 from zerofit.planner.memory import workload_for
-from zerofit.planner.plan import batch_splits, closest, option_fields, plan, recommend
+from zerofit.planner.plan import batch_splits, closest, near_limit, option_fields, plan, recommend
 from zerofit.planner.shape import Hardware, detect_hardware
 from zerofit.sizes import gib, memory_fraction
 
@@ -40,7 +40,15 @@ def resolve_auto(cfg: Config, world_size: int) -> Config:
     fixed = cfg.train.global_batch_size
     splits = batch_splits(fixed, world_size) if fixed is not None else None
     options = plan(shape_from_config(cfg), workload_for(cfg, world_size), hw, cfg, splits)
-    best = recommend(options)
+    best = recommend(options) or near_limit(options, hw)
+    if best is not None and not best.fits:
+        print(
+            f"warning: parallel.backend auto: nothing fits with the planner's headroom; taking "
+            f"{best.strategy.label}, forecast {best.memory.peak_allocated / 2**30:.1f} GiB "
+            f"allocated of the card's {gib(hw.gpu_mem)} (near the limit: if it runs out of "
+            "memory, lower the micro-batch or add GPUs)",
+            flush=True,
+        )
     if best is None:
         near = closest(options)
         raise UserError(

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zerofit.backends import engine_of, get_engine
-from zerofit.config import resolve_precision
+from zerofit.config import compiles, resolve_precision
 from zerofit.models.shape import ModelShape, shape_from_config
 from zerofit.parallelize import checkpointed_blocks
 from zerofit.planner.terms import BYTES, GIB, Adapters, EngineMemory, Workload
@@ -120,7 +120,7 @@ def strategy_for(cfg: Config) -> Strategy:
     """The strategy a (not `auto`) zerofit config selects."""
     p, eng = cfg.parallel, engine_of(cfg)
     return Strategy(
-        p.backend, eng.opts(cfg), p.activation_checkpointing, p.compile, p.ac_blocks, p.ac_every
+        p.backend, eng.opts(cfg), p.activation_checkpointing, compiles(p), p.ac_blocks, p.ac_every
     )
 
 
@@ -153,8 +153,13 @@ def adapters_for(cfg: Config) -> Adapters | None:
     from zerofit.models.lora import adapter_count, apply_lora, block_adapters
 
     m = cfg.model
-    base = build_model(
-        m.preset, m.hf, m.overrides, m.loss_chunk, trust_remote_code=m.trust_remote_code
+    base = build_model(  # shapes only: the weights are not read
+        m.preset,
+        m.hf,
+        m.overrides,
+        m.loss_chunk,
+        trust_remote_code=m.trust_remote_code,
+        random_init=True,
     )
     spec = apply_lora(base, lora)
     layers = block_adapters(spec)

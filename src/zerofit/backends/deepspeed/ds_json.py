@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerofit.config import Config, deep_merge, explicit_keys, get_field, with_fields
+from zerofit.config import Config, compiles, deep_merge, explicit_keys, get_field, with_fields
 from zerofit.errors import UserError
 from zerofit.limits import shown
 
@@ -179,7 +179,7 @@ def to_ds_json(cfg: Config, world_size: int) -> dict[str, Any]:
             _set(ours, row.path, row.to_ds(get_field(cfg, row.field)))
     if _fp16(cfg):
         _set(ours, "fp16.loss_scale", 0)  # 0 = dynamic
-    if _stage3(cfg) and (cfg.parallel.activation_checkpointing != "none" or cfg.parallel.compile):
+    if _stage3(cfg) and (cfg.parallel.activation_checkpointing != "none" or compiles(cfg.parallel)):
         # ZeRO-3's memory-efficient linear fails inside activation-checkpoint recomputation
         # (SystemError from LinearFunctionForZeroStage3.apply, seen on an H200 with DeepSpeed 0.19.8),
         # and under torch.compile Dynamo would trace its ZeRO parameter checks into every block.

@@ -1,0 +1,188 @@
+"""model.lean_ops: the memory-lean RMSNorm and SwiGLU give transformers' values and gradients,
+keep less for backward, and are swapped in only where a class computes exactly that."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("transformers")
+
+from transformers import GemmaConfig, LlamaConfig  # noqa: E402
+from transformers.models.gemma.modeling_gemma import GemmaMLP, GemmaRMSNorm  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm  # noqa: E402
+
+from zerofit.models.lean_ops import apply_lean_ops, rms_norm, swiglu  # noqa: E402
+
+
+def _saved_bytes(fn, *args) -> int:  # noqa: ANN001
+    """Bytes of the tensors autograd keeps for backward while ``fn(*args)`` runs (parameters
+    excluded: they are kept anyway)."""
+    params = {id(p) for a in args if isinstance(a, nn.Module) for p in a.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in params and t.dim() > 1:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*args).float().sum().backward()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_matches_llama_values_and_gradients(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    ref = LlamaRMSNorm(64, eps=1e-5)
+    with torch.no_grad():
+        ref.weight.copy_(torch.randn(64) * 0.1 + 1)
+    ref = ref.to(dtype)
+    x = torch.randn(3, 5, 64, dtype=dtype, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    w2 = nn.Parameter(ref.weight.detach().clone())
+    grad = torch.randn(3, 5, 64, dtype=dtype)
+    want = ref(x)
+    want.backward(grad)
+    got = rms_norm(x2, w2, 1e-5)
+    got.backward(grad)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(x2.grad, x.grad, **tol)
+    torch.testing.assert_close(w2.grad, ref.weight.grad, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_matches_silu_times_up(dtype: torch.dtype) -> None:
+    torch.manual_seed(1)
+    gate = torch.randn(4, 32, dtype=dtype, requires_grad=True)
+    up = torch.randn(4, 32, dtype=dtype, requires_grad=True)
+    g2, u2 = (t.detach().clone().requires_grad_() for t in (gate, up))
+    grad = torch.randn(4, 32, dtype=dtype)
+    want = torch.nn.functional.silu(gate) * up
+    want.backward(grad)
+    got = swiglu(g2, u2)
+    got.backward(grad)
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(got, want, **tol)
+    torch.testing.assert_close(g2.grad, gate.grad, **tol)
+    torch.testing.assert_close(u2.grad, up.grad, **tol)
+
+
+def _llama_parts() -> tuple[LlamaRMSNorm, LlamaMLP]:
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=192, rms_norm_eps=1e-6)
+    torch.manual_seed(2)
+    return LlamaRMSNorm(64, eps=1e-6), LlamaMLP(cfg)
+
+
+def test_lean_modules_keep_less_for_backward_and_give_the_same_gradients() -> None:
+    norm, mlp = _llama_parts()
+    model = nn.Sequential(norm, mlp).to(torch.bfloat16)
+    x = torch.randn(2, 16, 64, dtype=torch.bfloat16)
+    before = _saved_bytes(model, x.clone().requires_grad_())
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    changed = apply_lean_ops(model)
+    assert changed == ["LlamaMLP", "LlamaRMSNorm"]
+    after = _saved_bytes(model, x.clone().requires_grad_())
+    # Eager Llama keeps x in fp32 and the normalised bf16 (6 B per hidden value) and act(gate)
+    # beside gate, up and their product; lean keeps x (2 B) and gate, up and the product.
+    hidden, inter = 2 * 16 * 64, 2 * 16 * 192
+    assert before - after >= 4 * hidden + 2 * inter
+    for p, g in zip(model.parameters(), grads, strict=True):
+        torch.testing.assert_close(p.grad, g, rtol=2e-2, atol=2e-2)
+
+
+def test_classes_computing_something_else_are_left_alone() -> None:
+    cfg = GemmaConfig(hidden_size=64, intermediate_size=128, hidden_act="gelu_pytorch_tanh")
+    gemma = nn.Sequential(GemmaRMSNorm(64), GemmaMLP(cfg))
+    assert apply_lean_ops(gemma) == []
+    assert all("forward" not in vars(m) for m in gemma.modules())
+
+
+def test_meta_modules_are_probed_without_values() -> None:
+    with torch.device("meta"):
+        norm, mlp = _llama_parts()
+    model = nn.Sequential(norm, mlp)
+    assert apply_lean_ops(model) == ["LlamaMLP", "LlamaRMSNorm"]
+    assert norm.weight.is_meta and "forward" in vars(norm)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_lora_delta_matches_the_module_by_module_update(dropout: float) -> None:
+    from zerofit.models.lora_delta import lora_delta
+
+    torch.manual_seed(3)
+    x = torch.randn(2, 7, 16, dtype=torch.float64, requires_grad=True)
+    a = torch.randn(4, 16, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(12, 4, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(2, 7, 12, dtype=torch.float64)
+    torch.manual_seed(9)
+    got = lora_delta(x, a, b, dropout, 2.0)
+    got.backward(grad)
+    mine = [t.grad.clone() for t in (x, a, b)]
+    for t in (x, a, b):
+        t.grad = None
+    torch.manual_seed(9)  # the same mask, drawn the same way
+    mask = torch.empty_like(x, dtype=torch.bool).bernoulli_(1 - dropout)
+    want = (x * mask / (1 - dropout)) @ a.t() @ b.t() * 2.0
+    want.backward(grad)
+    torch.testing.assert_close(got, want)
+    for g, t in zip(mine, (x, a, b), strict=True):
+        torch.testing.assert_close(g, t.grad)
+    if dropout:
+        assert not mask.all()  # the test did drop something
+
+
+def test_lean_lora_layers_share_their_input_and_keep_masks_as_booleans() -> None:
+    from zerofit.models.lora import LoRALinear
+
+    def layers(lean: bool) -> nn.ModuleList:
+        torch.manual_seed(4)
+        out = nn.ModuleList(
+            LoRALinear(nn.Linear(64, 64, bias=False), 8, 16.0, 0.1, lean) for _ in range(3)
+        )
+        with torch.no_grad():
+            for p in out.parameters():  # the factors start uninitialised: fill them alike
+                p.copy_(torch.randn(p.shape) * 0.1)
+        for layer in out:
+            layer.weight.requires_grad_(False)
+        return out.to(torch.bfloat16)
+
+    x = torch.randn(4, 32, 64, dtype=torch.bfloat16, requires_grad=True)
+    qkv = [_saved_bytes(lambda m, t: sum(layer(t) for layer in m), m, x) for m in (
+        layers(False), layers(True))]  # fmt: skip
+    elements = 4 * 32 * 64
+    # module by module: a bf16 dropped copy (2 B) + a mask per layer; lean: x once + 1 B masks
+    assert qkv[0] - qkv[1] >= 3 * 2 * elements - 2 * elements, qkv
+    lean = layers(True).eval()
+    ref = layers(False).eval()
+    torch.testing.assert_close(lean[0](x), ref[0](x))  # no dropout in eval: the same update
+
+
+def test_the_fused_kernels_trace_whole() -> None:
+    """On CUDA each kernel runs as one `torch.compile(fullgraph=True)` graph: traced here with
+    Dynamo's eager backend (no compiler on CPU), a graph break would raise."""
+    from zerofit.models import lean_ops, lora_delta
+
+    torch.manual_seed(5)
+    x = torch.randn(2, 8, 16, dtype=torch.bfloat16)
+    w = torch.randn(16, dtype=torch.bfloat16)
+    a, b = torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(12, 4, dtype=torch.bfloat16)
+    y, rstd = lean_ops._norm_fwd(x, w, 1e-6)
+    out, mask, h = lora_delta._delta_fwd(x, a, b, 0.1, 2.0)
+    grad = torch.randn_like(out)
+    cases = [
+        (lean_ops._norm_fwd, (x, w, 1e-6)),
+        (lean_ops._norm_bwd, (y, x, w, rstd, True)),
+        (lean_ops._swiglu_fwd, (x, x)),
+        (lean_ops._swiglu_bwd, (x, x, x)),
+        (lora_delta._delta_fwd, (x, a, b, 0.1, 2.0)),
+        (lora_delta._delta_fwd, (x, a, b, 0.0, 2.0)),
+        (lora_delta._delta_bwd, (grad, x, mask, h, a, b, 0.1, 2.0)),
+        (lora_delta._delta_bwd, (grad, x, None, h, a, b, 0.0, 2.0)),
+    ]
+    for fn, args in cases:
+        torch._dynamo.reset()
+        torch.compile(fn, backend="eager", fullgraph=True, dynamic=False)(*args)
