@@ -49,18 +49,21 @@ class Trainer:
         self.last_saved = 0
         self.real_tokens: torch.Tensor | None = None  # the last step's, on fine-tuning rows
         self.profiler = StepProfiler.off()  # log.profile_steps: set up by fit()
-        if ctx.is_main:  # where the weights come from, and how many parameters train
-            print(weights_line(self.spec.weights_source), flush=True)
-            print(params_line(self.spec.num_params, self.spec.trainable_params or 0), flush=True)
-        line = self.data.report_line()  # fine-tuning data: what packing kept, cut and dropped
-        if line and ctx.is_main:
-            print(line, flush=True)
-        if ctx.is_main:  # compile, attention, head: what this run's speed rests on
-            p, m = cfg.parallel, cfg.model
-            path = fast_path_line(
-                self.spec.module, ctx.device, p.compile, m.loss_chunk, self.data.masked
-            )
-            print(path, flush=True)
+        if ctx.is_main:
+            for line in self._start_lines():
+                print(line, flush=True)
+
+    def _start_lines(self) -> list[str]:
+        """What the run says first: where the weights come from, how many parameters train, what
+        packing did with fine-tuning data, and what the speed rests on (compile, attention, head)."""
+        spec, p, m = self.spec, self.cfg.parallel, self.cfg.model
+        lines = [
+            weights_line(spec.weights_source),
+            params_line(spec.num_params, spec.trainable_params or 0),
+            self.data.report_line(),
+            fast_path_line(spec.module, self.ctx.device, p.compile, m.loss_chunk, self.data.masked),
+        ]
+        return [line for line in lines if line]
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
