@@ -36,6 +36,16 @@ WORDS = [
 ]
 
 
+# A conversation with a system turn and two assistant turns, for exact-mask checks.
+CHAT = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "red cat"},
+    {"role": "assistant", "content": "cat red"},
+    {"role": "user", "content": "one two three"},
+    {"role": "assistant", "content": "three two one"},
+]
+
+
 def conversation(rng: random.Random) -> list[dict[str, str]]:
     """A system prompt sometimes, then 1-2 turns: the assistant answers with the user's words
     reversed (something to learn)."""

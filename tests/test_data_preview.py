@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from sft_helpers import make_tokenizer, write_chat_jsonl
+from sft_helpers import CHAT, make_tokenizer, write_chat_jsonl
 
 from zerofit.cli import main
 from zerofit.config import load_config
@@ -24,13 +24,6 @@ from zerofit.data import (
     render_samples,
 )
 
-CHAT = [
-    {"role": "system", "content": "be brief"},
-    {"role": "user", "content": "red cat"},
-    {"role": "assistant", "content": "cat red"},
-    {"role": "user", "content": "one two three"},
-    {"role": "assistant", "content": "three two one"},
-]
 HOSTILE = [
     {"role": "user", "content": "<script>alert(1)</script> héllo 日本"},
     {"role": "assistant", "content": "no <b>way</b> é"},
@@ -242,7 +235,8 @@ def test_bad_input_is_one_line_and_exit_2(
 def test_preview_builds_the_data_as_training_does(
     tmp_path: Path, tok_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same `build_data` call as `zerofit.inputs.build_inputs`, so they cannot disagree."""
+    """Both build through `zerofit.inputs.run_data`: the same `build_data` call, so they cannot
+    disagree (a preview that built its own way would not reach the patched call)."""
     import zerofit.data.preview as preview
     import zerofit.inputs as inputs
 
@@ -256,7 +250,6 @@ def test_preview_builds_the_data_as_training_does(
         raise Stop
 
     monkeypatch.setattr(inputs, "build_data", record)
-    monkeypatch.setattr(preview, "build_data", record)
     for overrides in ([], ["data.train_on=all", "data.packing=false", "data.overlong=drop"]):
         cfg = load_config(_chat_config(tmp_path, tok_dir, CHAT), overrides)
         for build in (inputs.build_inputs, preview.build_preview):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY, deep_update, write_config, zerofit
-from sft_helpers import make_tokenizer
+from sft_helpers import CHAT, make_tokenizer
 
 from zerofit.cli import main
 from zerofit.config import config_from_dict
@@ -38,14 +38,6 @@ from zerofit.errors import UserError
 from zerofit.inputs import data_meta
 from zerofit.models.llama import Llama, rope_table
 from zerofit.models.presets import PRESETS
-
-CHAT = [
-    {"role": "system", "content": "be brief"},
-    {"role": "user", "content": "red cat"},
-    {"role": "assistant", "content": "cat red"},
-    {"role": "user", "content": "one two three"},
-    {"role": "assistant", "content": "three two one"},
-]
 
 
 @pytest.fixture(scope="module")

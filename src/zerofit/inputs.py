@@ -46,8 +46,19 @@ def build_inputs(cfg: Config, dp_size: int | None = None) -> RunInputs:
         raise UserError(
             f"model.seq_len={cfg.model.seq_len} is above the model's maximum {spec.max_seq_len}"
         )
+    data = run_data(cfg, dp_size)
+    if data.tokenizer.vocab_size > spec.vocab_size:
+        raise UserError(
+            f"tokenizer has {data.tokenizer.vocab_size} tokens but the model's vocabulary is {spec.vocab_size}"
+        )
+    return RunInputs(spec, data)
+
+
+def run_data(cfg: Config, dp_size: int | None = None) -> DataBundle:
+    """The data of a run of ``cfg`` (what `zerofit data preview` shows too); with ``dp_size``, it
+    must also fill one global batch beside the validation hold-out (one error line)."""
     d = cfg.data
-    data = build_data(
+    return build_data(
         d.source,
         d.tokenizer,
         d.field,
@@ -58,11 +69,6 @@ def build_inputs(cfg: Config, dp_size: int | None = None) -> RunInputs:
         samples=sample_options(cfg),
         global_batch=None if dp_size is None else global_batch(cfg, dp_size),
     )
-    if data.tokenizer.vocab_size > spec.vocab_size:
-        raise UserError(
-            f"tokenizer has {data.tokenizer.vocab_size} tokens but the model's vocabulary is {spec.vocab_size}"
-        )
-    return RunInputs(spec, data)
 
 
 def make_loader(cfg: Config, data: DataBundle, dp_rank: int, dp_size: int) -> PackedLoader:

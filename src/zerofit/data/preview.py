@@ -1,7 +1,7 @@
 """What a run will train on, before it starts (``zerofit data preview``).
 
-``build_preview(cfg)`` builds the rows with ``build_data`` called exactly as
-``zerofit.inputs.build_inputs`` calls it (no model, no process group), then:
+``build_preview(cfg)`` builds the rows with ``zerofit.inputs.run_data``, as a run builds them
+(no model, no process group), then:
 
 - ``row_view`` cuts a row into its samples (fine-tuning rows are [3, seq_len]: inputs, targets
   with -100 where no loss falls, positions restarting at 0 for each sample; the rest of a row is
@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zerofit.config import Config
-from zerofit.data.build import DataBundle, build_data
+from zerofit.data.build import DataBundle
 from zerofit.data.packing import IGNORE_INDEX, PackStats, tokenize_stream
 from zerofit.data.samples import render_samples
 from zerofit.data.sources import iter_documents, iter_sample_records
 from zerofit.data.tokenizers import AnyTokenizer, ByteTokenizer, FolderTokenizer
-from zerofit.inputs import sample_options
+from zerofit.inputs import run_data
 
 CONTEXT_TOKENS = 4  # tokens decoded before each one, so SentencePiece spaces and bytes survive
 VISIBLE = {"\n": "↵\n", "\r": "␍", "\t": "⇥", "\x7f": "␡"}
@@ -136,17 +136,7 @@ def _cut_lines(stats: PackStats | None, tail: int) -> list[tuple[str, str]]:
 def build_preview(cfg: Config) -> Preview:
     """The data of a run of ``cfg``, built as ``zerofit.inputs.build_inputs`` builds it."""
     d = cfg.data
-    data = build_data(
-        d.source,
-        d.tokenizer,
-        d.field,
-        cfg.model.seq_len,
-        d.val_fraction,
-        d.max_tokens,
-        d.seed,
-        samples=sample_options(cfg),
-        global_batch=None,  # as build_inputs(cfg) without dp_size: the ranks are not known here
-    )
+    data = run_data(cfg)  # the ranks are not known here: no global-batch check
     rows = [r for r in (data.train, data.val) if len(r)]
     if not data.masked:
         n = sum(len(r) for r in rows) * data.seq_len
