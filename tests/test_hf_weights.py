@@ -236,6 +236,8 @@ def test_a_truncated_safetensors_file_is_named(tmp_path: Path) -> None:
     assert f"describes {len(data)} bytes, the file holds {len(data) - 100}" in line, line
     path.write_bytes(b"\xff" * 64)  # a header length beyond the file
     assert "truncated or not a safetensors file (a header of" in refused(tmp_path)
+    path.write_bytes(b"")
+    assert "not a safetensors file (0 bytes, too few for a header)" in refused(tmp_path)
 
 
 def test_a_truncated_bin_file_is_named(tmp_path: Path) -> None:

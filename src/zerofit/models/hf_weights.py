@@ -143,7 +143,9 @@ def _safetensors_shapes(path: str) -> dict[str, tuple[int, ...]]:
 
     with open(path, "rb") as f:
         head = f.read(8)
-        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if len(head) < 8:
+            raise bad(f"{size} bytes, too few for a header")
+        length = int.from_bytes(head, "little")
         if not 0 < length <= min(size - 8, MAX_HEADER):
             raise bad(f"a header of {length} bytes in a file of {size}")
         raw = f.read(length)
