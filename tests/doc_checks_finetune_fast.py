@@ -4,22 +4,17 @@ ratio from the medians of one device call."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-DATA = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "data"
+from doc_checks_speed2 import _load
+
 DOC = "docs/benchmarks/2026-12-04-finetune-fast-h200.md"
 F = "2026-12-04-finetune-fast-h200/"
 CALL1, CALL2 = F + "call1-lora/all-results.json", F + "call2-1b/all-results.json"
 ZF_1B, CALL3 = F + "call2-1b/1b-zerofit/results.json", F + "call3-8b/all-results.json"
 CALL5, PROFILED = F + "call5-8b/results.json", F + "call2-lora-profile/results.json"
 SAVED = F + "lean-saved-bytes.json"
-
-
-def _load(rel: str) -> Any:
-    return json.loads((DATA / rel).read_text())
 
 
 def _variants(group: dict) -> dict[str, dict]:
