@@ -11,8 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from zerofit import runner
-from zerofit.config import load_config
+from zerofit.launch import child_run as runner
+from zerofit.launch.run_config import load_config
 from zerofit.planner.memory import predicted_peak
 
 ONE_B = ["--model.preset", "llama3-1b", "--precision.mode", "bf16"]

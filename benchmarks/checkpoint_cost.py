@@ -39,7 +39,7 @@ def timed_verify(ckpt: Path, threads: int | None, cold: bool) -> float:
 
 
 def export_child(ckpt: str, run: str, out: str) -> None:
-    from zerofit.export import export_checkpoint
+    from zerofit.export.run import export_checkpoint
 
     t = time.perf_counter()
     s = export_checkpoint(Path(ckpt), Path(run), Path(out), "bf16")

@@ -40,7 +40,7 @@ def child(ckpt: str, run: str, out: str, dtype: str, shard: int) -> None:
 
     import zerofit.backends  # noqa: F401  (DeepSpeed, when installed: registers its format)
     import zerofit.data  # noqa: F401
-    from zerofit.export import export_checkpoint
+    from zerofit.export.run import export_checkpoint
 
     before = current_rss()
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -75,7 +75,7 @@ def train(work: Path, preset: str, overrides: dict, backend: str) -> Path:
 
 
 def measure(run: Path, out: Path, dtype: str, shard: int, env: dict | None = None) -> dict:
-    from zerofit.export import find_checkpoint
+    from zerofit.export.run import find_checkpoint
 
     ckpt = find_checkpoint(run, None)
     cmd = [sys.executable, __file__, "--child", str(ckpt), str(run), str(out), dtype, str(shard)]

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from zerofit.config import load_config
+from zerofit.launch.run_config import load_config
 from zerofit.planner.memory import estimate, strategy_for, workload_for
 from zerofit.planner.shape import Hardware
 from zerofit.planner.speed import predict

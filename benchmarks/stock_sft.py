@@ -20,7 +20,7 @@ What "the usual way" means here, as a TRL / Accelerate user would run it:
 - torch.optim.AdamW (fused) over the trainable parameters, the config's lr schedule (zerofit's
   warm-up and cosine, so both stacks take the same steps) and grad clipping.
 
-The batches are zerofit's own (`zerofit.inputs.build_inputs` + `make_loader`): the same chat
+The batches are zerofit's own (`zerofit.train.inputs.build_inputs` + `make_loader`): the same chat
 rows, masks and packed position ids (transformers keeps packed documents apart when it sees
 position ids restart), so both stacks see the same data. Tokens per second count target tokens
 that are not padding ("real tokens", `zerofit.data.real_tokens`, as zerofit's own summary counts
@@ -121,11 +121,11 @@ def micro_loss(model, batch, device: torch.device, liger: bool = False) -> torch
 
 def main() -> int:
     args, overrides = parse()
-    from zerofit.config import load_config
     from zerofit.data import real_tokens
-    from zerofit.inputs import build_inputs, make_loader
-    from zerofit.metrics import peak_flops
-    from zerofit.schedule import lr_at
+    from zerofit.launch.run_config import load_config
+    from zerofit.report.metrics import peak_flops
+    from zerofit.train.inputs import build_inputs, make_loader
+    from zerofit.train.lr_schedule import lr_at
 
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()

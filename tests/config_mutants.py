@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from zerofit.config import field_help
+from zerofit.launch.run_config import field_help
 from zerofit.models.llama import LlamaArgs
 
 BASE_FILE = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from zerofit.backends import engines
-from zerofit.bench import expand, measure, parse_sweep, parse_variant
+from zerofit.bench.run import expand, measure, parse_sweep, parse_variant
 from zerofit.errors import UserError
 
 OWNERS = {name: eng.own_keys() for name, eng in engines().items()}
@@ -50,7 +50,7 @@ def test_engine_keys_are_swept_for_their_engine_only() -> None:
 
 
 def test_best_overall_and_per_engine() -> None:
-    from zerofit.bench import Result, best, best_lines
+    from zerofit.bench.run import Result, best, best_lines
 
     rs = [
         Result("a", [], "fsdp", "ok", tokens_per_s=10.0),

@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from zerofit.bench import Result, measure
-from zerofit.bench_report import markdown
-from zerofit.cadence import MEMORY_HISTORY_STEPS
+from zerofit.bench.report import markdown
+from zerofit.bench.run import Result, measure
 from zerofit.cli import main
 from zerofit.commands import plan_measure
-from zerofit.profiling import (
+from zerofit.report.profiling import (
     FORWARD_BACKWARD,
     KERNEL,
     OP,
@@ -33,6 +32,7 @@ from zerofit.profiling import (
     subtract,
     union,
 )
+from zerofit.train.periodic import MEMORY_HISTORY_STEPS
 
 
 def test_interval_algebra() -> None:
@@ -144,8 +144,8 @@ def test_kernel_attribution_follows_the_launch() -> None:
 
 
 def test_report_of_a_cuda_profile() -> None:
-    from zerofit.bench import Result
-    from zerofit.bench_report import profile_markdown
+    from zerofit.bench.report import profile_markdown
+    from zerofit.bench.run import Result
 
     profile = {**analyze(_cuda_step()), "trace": "rank0.pt.trace.json"}
     profile["top"][0]["name"] = "void gemm<128, 2>|x"

@@ -112,7 +112,7 @@ def test_end_to_end_error_has_no_traceback(tmp_path: Path) -> None:
 
 
 def test_help_documents_every_option(capsys) -> None:
-    from zerofit.config import field_help
+    from zerofit.launch.run_config import field_help
 
     with pytest.raises(SystemExit):
         main(["train", "--help"])

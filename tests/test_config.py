@@ -9,23 +9,21 @@ import pytest
 import yaml
 
 from zerofit.config import (
-    Config,
     check_world,
-    config_from_dict,
-    load_config,
     parse_overrides,
     resolve_precision,
     save_config,
     to_dict,
 )
 from zerofit.errors import UserError
-from zerofit.resolve import resolve
-from zerofit.schedule import lr_at
+from zerofit.launch.resolve import resolve
+from zerofit.launch.run_config import config_from_dict, default_config, load_config
+from zerofit.train.lr_schedule import lr_at
 
 
 def test_defaults_are_valid_and_round_trip(tmp_path: Path) -> None:
     cfg = load_config()
-    assert cfg == Config()
+    assert cfg == default_config()
     save_config(cfg, tmp_path / "c.yaml")
     assert load_config(tmp_path / "c.yaml") == cfg
 
@@ -129,8 +127,8 @@ def test_flat_fsdp_keys_still_load_with_a_note(tmp_path: Path, capsys) -> None: 
 
 
 def test_precision_resolution_is_explicit() -> None:
-    cpu = resolve_precision(Config().precision, "cpu")
-    gpu = resolve_precision(Config().precision, "cuda")
+    cpu = resolve_precision(default_config().precision, "cpu")
+    gpu = resolve_precision(default_config().precision, "cuda")
     assert (cpu.mode, cpu.param_dtype, cpu.reduce_dtype, cpu.master_dtype) == (
         "fp32",
         "fp32",

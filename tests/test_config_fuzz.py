@@ -23,7 +23,7 @@ from config_mutants import CORPUS, MUTATORS, Mutant, base_text, mutants
 
 import zerofit.cli
 import zerofit.commands.train
-import zerofit.spawn
+import zerofit.launch.spawn
 
 FIXED_SEED = 20_240_611
 PER_SEED = 400  # x 2 seeds
@@ -91,7 +91,7 @@ def fuzz_workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         f"line {i}: the quick brown fox jumps over the lazy dog {i * i}\n" for i in range(2000)
     ]
     (tmp_path / CORPUS).write_text("".join(lines))
-    monkeypatch.setattr(zerofit.spawn, "spawn", lambda *args, **kwargs: 0)
+    monkeypatch.setattr(zerofit.launch.spawn, "spawn", lambda *args, **kwargs: 0)
     monkeypatch.setattr(zerofit.commands.train, "print_summary", lambda *args, **kwargs: None)
     monkeypatch.setattr(zerofit.commands.train, "_export_final", lambda *args, **kwargs: None)
     return tmp_path

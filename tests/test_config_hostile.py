@@ -1,7 +1,7 @@
 """Hostile configs, case by case: each refused with one short line (exit 2) and in time.
 
 The regression mutants in tests/data/config_mutants/ go through `zerofit train` as the fuzz test
-runs them; the other cases pin each limit of `zerofit.yaml_safe`, `zerofit.limits` and the
+runs them; the other cases pin each limit of `zerofit.config.yaml_safe`, `zerofit.config.limits` and the
 schema checks at its edge.
 """
 
@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 from test_config_fuzz import Mutant, fuzz_workdir, problem, run_mutant
 
-from zerofit.config import Config, config_from_dict, int_bounds, load_config, read_yaml
+from zerofit.backends.catalog import RunConfig as Config
+from zerofit.config import read_yaml
+from zerofit.config.limits import MAX_STRING, shown
+from zerofit.config.yaml_safe import MAX_BYTES, MAX_DEPTH, MAX_NODES, load_yaml_text
 from zerofit.errors import UserError
-from zerofit.limits import MAX_STRING, shown
+from zerofit.launch.run_config import config_from_dict, int_bounds, load_config
 from zerofit.models import build_model
 from zerofit.models.hf import _check_override
-from zerofit.yaml_safe import MAX_BYTES, MAX_DEPTH, MAX_NODES, load_yaml_text
 
 MUTANTS = Path(__file__).parent / "data" / "config_mutants"
 EXPECTED = {  # file -> a part of its one error line
@@ -364,16 +366,16 @@ def test_hf_overrides_of_the_right_kind_pass() -> None:
 
 @pytest.fixture
 def pure_python_yaml(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
-    """zerofit.yaml_safe as it is where PyYAML has no libyaml (then restored)."""
+    """zerofit.config.yaml_safe as it is where PyYAML has no libyaml (then restored)."""
     import importlib
     import sys
 
-    import zerofit.yaml_safe
+    import zerofit.config.yaml_safe
 
     monkeypatch.setitem(sys.modules, "yaml.cyaml", None)
-    yield importlib.reload(zerofit.yaml_safe)
+    yield importlib.reload(zerofit.config.yaml_safe)
     monkeypatch.undo()
-    importlib.reload(zerofit.yaml_safe)
+    importlib.reload(zerofit.config.yaml_safe)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,6 @@ from conftest import TINY, deep_update, write_config
 from sft_helpers import conversation, make_tokenizer
 
 from zerofit.cli import main
-from zerofit.config import config_from_dict
 from zerofit.data import (
     ByteTokenizer,
     ChatRenderer,
@@ -26,7 +25,8 @@ from zerofit.data import (
     render_samples,
 )
 from zerofit.errors import UserError
-from zerofit.inputs import sample_options
+from zerofit.launch.run_config import config_from_dict
+from zerofit.train.inputs import sample_options
 
 TO_SHAREGPT = {"system": "system", "user": "human", "assistant": "gpt"}
 

@@ -15,7 +15,6 @@ import yaml
 from sft_helpers import CHAT, make_tokenizer, write_chat_jsonl
 
 from zerofit.cli import main
-from zerofit.config import load_config
 from zerofit.data import (
     ByteTokenizer,
     SampleOptions,
@@ -23,6 +22,7 @@ from zerofit.data import (
     load_tokenizer,
     render_samples,
 )
+from zerofit.launch.run_config import load_config
 
 HOSTILE = [
     {"role": "user", "content": "<script>alert(1)</script> héllo 日本"},
@@ -235,10 +235,10 @@ def test_bad_input_is_one_line_and_exit_2(
 def test_preview_builds_the_data_as_training_does(
     tmp_path: Path, tok_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both build through `zerofit.inputs.run_data`: the same `build_data` call, so they cannot
+    """Both build through `zerofit.train.inputs.run_data`: the same `build_data` call, so they cannot
     disagree (a preview that built its own way would not reach the patched call)."""
     import zerofit.data.preview as preview
-    import zerofit.inputs as inputs
+    import zerofit.train.inputs as inputs
 
     calls = []
 

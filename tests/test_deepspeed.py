@@ -160,11 +160,11 @@ MASTER_CHECK = """
 import sys, torch
 from pathlib import Path
 from deepspeed.utils import safe_get_full_fp32_param
-from zerofit.config import load_config
-from zerofit.dist import init_distributed
-from zerofit.parallelize import full_param
-from zerofit.resolve import resolve
-from zerofit.trainer import Trainer
+from zerofit.launch.run_config import load_config
+from zerofit.distributed.mesh import init_distributed
+from zerofit.distributed.parallelize import full_param
+from zerofit.launch.resolve import resolve
+from zerofit.train.trainer import Trainer
 
 cfg = load_config(sys.argv[1], ["parallel.backend=deepspeed", f"parallel.deepspeed.stage={sys.argv[2]}", "precision.mode=bf16"])
 cfg = resolve(cfg, 1, "cpu")
@@ -231,10 +231,10 @@ def test_partial_offload_trains_in_the_sub_groups_the_planner_counts(
     DeepSpeed cut each rank's optimizer into exactly the sub-groups `spec.sub_groups` counts."""
     import torch
 
-    from zerofit.backends.deepspeed.spec import sub_groups
-    from zerofit.config import load_config
+    from zerofit.backends.deepspeed.costs import sub_groups
+    from zerofit.backends.terms import Workload
+    from zerofit.launch.run_config import load_config
     from zerofit.models.shape import shape_from_config
-    from zerofit.planner.terms import Workload
 
     extra = {"parallel": {"backend": "deepspeed", "deepspeed": {**PARTIAL, "pin_memory": False}}}
     run = train_run(session_tmp, "zero3_partial_offload", extra, "--nproc", "2")

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import pytest
 
-from zerofit.backends.deepspeed.spec import sub_groups
+from zerofit.backends.deepspeed.costs import sub_groups
+from zerofit.backends.terms import GIB, Workload
 from zerofit.models.shape import shape_from_preset
 from zerofit.planner.memory import Strategy, estimate
-from zerofit.planner.terms import GIB, Workload
 
 SHAPES = {
     "1.5B": shape_from_preset("llama3-1b"),

@@ -9,8 +9,8 @@ import pytest
 from conftest import train_run
 
 from zerofit.cli import main
-from zerofit.config import load_config
-from zerofit.doctor import diagnose, oom_advice
+from zerofit.launch.run_config import load_config
+from zerofit.report.doctor import diagnose, oom_advice
 
 pytestmark = pytest.mark.dist
 
@@ -90,8 +90,8 @@ def test_doctor_rejects_a_non_run(tmp_path: Path, capsys) -> None:
 def test_a_compiled_block_failing_under_ac_is_one_line_with_the_remedy() -> None:
     """torch 2.11's SystemError for a compiled region inside AC (ZeRO-3 + AC + compile on the
     H200, 2026-12-03) becomes one line naming both ways out; anything else stays itself."""
-    from zerofit.config import load_config
-    from zerofit.reports import compiled_ac_failure
+    from zerofit.launch.run_config import load_config
+    from zerofit.report.run_files import compiled_ac_failure
 
     error = SystemError(
         "<built-in method apply of FunctionMeta object at 0x56881fd0> returned NULL without "

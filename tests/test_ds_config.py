@@ -10,9 +10,10 @@ import pytest
 
 from zerofit.backends.deepspeed.ds_json import TABLE, merge_user_json, to_ds_json
 from zerofit.backends.deepspeed.options import DeepSpeedOptions
-from zerofit.config import get_field, load_config
+from zerofit.config import get_field
 from zerofit.errors import UserError
-from zerofit.resolve import resolve
+from zerofit.launch.resolve import resolve
+from zerofit.launch.run_config import load_config
 
 SEED = Path(__file__).resolve().parents[1] / "configs" / "deepspeed"
 NOT_IN_JSON = {"config", "leaf_blocks"}  # zerofit-side options with no DeepSpeed JSON key

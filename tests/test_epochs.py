@@ -14,11 +14,11 @@ from conftest import losses, zerofit
 from sft_helpers import make_tokenizer, write_chat_jsonl
 
 from zerofit.cli import main
-from zerofit.config import config_from_dict, load_config
 from zerofit.data import epoch_steps
 from zerofit.errors import UserError
-from zerofit.inputs import checkpoint_meta
-from zerofit.launch import LaunchOptions, prepare_run
+from zerofit.launch.prepare import LaunchOptions, prepare_run
+from zerofit.launch.run_config import config_from_dict, load_config
+from zerofit.train.inputs import checkpoint_meta
 
 # 799 bytes + EOS = 800 byte tokens = 50 rows of 16 (seq_len 15); no validation hold-out
 ROWS = 50

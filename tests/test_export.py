@@ -11,12 +11,12 @@ import pytest
 import torch
 from conftest import train_run, zerofit
 
-from zerofit.config import load_config
 from zerofit.data import eval_batches, load_tokenizer
 from zerofit.errors import UserError
-from zerofit.export import export_checkpoint, find_checkpoint, llama_to_hf, parse_size
-from zerofit.inputs import build_inputs
+from zerofit.export.run import export_checkpoint, find_checkpoint, llama_to_hf, parse_size
+from zerofit.launch.run_config import load_config
 from zerofit.models.loss import cross_entropy
+from zerofit.train.inputs import build_inputs
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.dist

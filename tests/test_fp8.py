@@ -22,12 +22,13 @@ import torch
 from conftest import TINY, deep_update, losses, write_config, zerofit
 from torch import nn
 
-from zerofit import fp8
-from zerofit.config import config_from_dict, load_config, resolve_precision
+from zerofit.config import resolve_precision
+from zerofit.distributed import fp8 as fp8
+from zerofit.distributed.parallelize import materialize_
 from zerofit.errors import UserError
+from zerofit.launch.run_config import config_from_dict, load_config
 from zerofit.models import build_model
 from zerofit.models.loss import LMHead
-from zerofit.parallelize import materialize_
 
 if importlib.util.find_spec("torchao") is None:  # `pip install 'zerofit[fp8]'`; dev installs it
     pytest.skip("precision.fp8 needs torchao", allow_module_level=True)
@@ -144,7 +145,7 @@ def test_checkpointed_float8_blocks_give_the_same_gradients() -> None:
     """fp8 first, then activation checkpointing (torchtitan's order): recomputing a float8 block
     in backward gives the gradients of the uncheckpointed one; selective checkpointing keeps the
     float8 matmuls' outputs (`_scaled_mm`), as it keeps bf16 ones."""
-    from zerofit.parallelize import _SAVED_OPS, apply_ac
+    from zerofit.distributed.parallelize import _SAVED_OPS, apply_ac
 
     assert torch.ops.aten._scaled_mm.default in _SAVED_OPS
     tokens = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(0))
@@ -238,7 +239,7 @@ def test_a_cpu_run_with_fp8_is_one_line_and_exit_2(tmp_path: Path) -> None:
 # hardware check only (a CPU has no float8 tensor cores) and keeps torchao's import.
 RUN = """
 import sys
-import zerofit.fp8 as fp8
+import zerofit.distributed.fp8 as fp8
 fp8.require_hardware = lambda device: fp8._float8()
 from zerofit.cli import main
 sys.exit(main(["train", *sys.argv[1:]]))
@@ -331,9 +332,9 @@ def test_fsdp_gathers_block_weights_in_one_byte_with_tensorwise(reshard: bool) -
     output layer) stays bf16. Rowwise gathers bf16 and casts after: nothing changes."""
     from dataclasses import replace
 
+    from zerofit.backends.terms import Workload
     from zerofit.models.shape import shape_from_preset
     from zerofit.planner.memory import Strategy, estimate
-    from zerofit.planner.terms import Workload
 
     m = shape_from_preset("llama3-8b")
     s = Strategy.of("fsdp", reshard_after_forward=reshard)
@@ -356,9 +357,9 @@ def test_ddp_autocast_caches_no_copy_of_float8_weights() -> None:
     Float8Linear casts its weights to float8 itself, so only the unconverted ones are cached."""
     from dataclasses import replace
 
+    from zerofit.backends.terms import Workload
     from zerofit.models.shape import shape_from_preset
     from zerofit.planner.memory import Strategy, estimate
-    from zerofit.planner.terms import Workload
 
     m, s, w = shape_from_preset("llama3-1b"), Strategy.of("ddp"), Workload(1, 2048, 1)
     drop = estimate(m, w, s).buffers - estimate(m, replace(w, fp8="tensorwise"), s).buffers
@@ -368,11 +369,11 @@ def test_ddp_autocast_caches_no_copy_of_float8_weights() -> None:
 def test_fp8_speeds_up_only_the_float8_share_of_compute() -> None:
     from dataclasses import replace
 
+    from zerofit.backends.terms import Workload
     from zerofit.models.shape import shape_from_preset
     from zerofit.planner import speed
     from zerofit.planner.memory import Strategy
     from zerofit.planner.shape import Hardware
-    from zerofit.planner.terms import Workload
 
     m, hw = shape_from_preset("llama3-8b"), Hardware(gpus_per_node=8, gpu_mem=141 * 2**30)
     w = Workload(2, 2048, 8)

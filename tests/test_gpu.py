@@ -203,12 +203,12 @@ def test_attention_kernels_agree(attention_tmp: Path) -> None:
 
 
 def test_step_timer_times_the_gpu_without_waiting_for_it() -> None:
-    """zerofit.metrics.StepTimer records CUDA events and never synchronizes in the step. On a
+    """zerofit.report.metrics.StepTimer records CUDA events and never synchronizes in the step. On a
     workload whose duration the wall clock measured (host waiting for the GPU), the events agree
     with it, while the host got past both marks long before the GPU finished."""
     import torch
 
-    from zerofit.metrics import StepTimer
+    from zerofit.report.metrics import StepTimer
 
     dev = torch.device("cuda")
     a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)

@@ -19,13 +19,13 @@ import torch.nn.functional as F
 from conftest import TINY, deep_update, losses, train_run
 from test_hf_families import SIZES
 
-from zerofit.config import config_from_dict
 from zerofit.errors import UserError
-from zerofit.inputs import build_inputs, make_loader
+from zerofit.launch.run_config import config_from_dict
 from zerofit.models import build_model
 from zerofit.models.loss import IGNORE_INDEX, LMHead
 from zerofit.models.meta import allocate_
 from zerofit.models.shape import hf_head_fallback, shape_from_config
+from zerofit.train.inputs import build_inputs, make_loader
 
 transformers = pytest.importorskip("transformers")
 
@@ -214,7 +214,7 @@ def test_folder_code_runs_only_when_trusted(
     model = spec.construct()
     assert type(model.hf).__name__ == "ZfTestForCausalLM"
     # Export reads the run's flag too: the folder's classes name the exported tensors.
-    from zerofit.export_hf import hf_parameters
+    from zerofit.export.hf import hf_parameters
     from zerofit.models.hf import load_config as load_hf_config
 
     arch, shapes, _ = hf_parameters(load_hf_config(str(folder), None, True), True)

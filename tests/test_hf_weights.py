@@ -13,12 +13,12 @@ import pytest
 import torch
 from conftest import write_config, zerofit
 
-from zerofit.config import config_from_dict
+from zerofit.config.schema import LoRAConfig
 from zerofit.errors import UserError
+from zerofit.launch.run_config import config_from_dict
 from zerofit.models import build_model
 from zerofit.models.build import param_counts, params_line, weights_line
 from zerofit.models.lora import adapter_count, apply_lora, is_adapter
-from zerofit.schema import LoRAConfig
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -305,7 +305,7 @@ def test_lora_counts_only_the_adapters_as_trainable(tmp_path: Path) -> None:
 
 
 def test_the_run_inputs_count_the_trainable_parameters(tmp_path: Path) -> None:
-    from zerofit.inputs import build_inputs
+    from zerofit.train.inputs import build_inputs
 
     saved(tmp_path, "safetensors")
     model = {"preset": None, "hf": str(tmp_path), "seq_len": 32, "lora": {"rank": 4}}

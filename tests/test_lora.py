@@ -18,15 +18,15 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from zerofit.checkpoint import read_meta
 from zerofit.checkpoint.neutral import MODEL, OPTIM, NeutralView, open_reader
-from zerofit.config import load_config
+from zerofit.config.schema import LoRAConfig
+from zerofit.distributed.parallelize import materialize_
 from zerofit.errors import UserError
-from zerofit.export import export_checkpoint, find_checkpoint
+from zerofit.export.run import export_checkpoint, find_checkpoint
+from zerofit.launch.run_config import load_config
 from zerofit.models import ModelSpec, build_model
 from zerofit.models.build import param_counts
 from zerofit.models.lora import adapter_count, apply_lora, is_adapter
 from zerofit.models.loss import cross_entropy
-from zerofit.parallelize import materialize_
-from zerofit.schema import LoRAConfig
 
 transformers = pytest.importorskip("transformers")
 
@@ -146,7 +146,7 @@ def test_a_fresh_lora_model_computes_what_its_base_does() -> None:
 
 def test_optimizer_holds_only_the_adapters() -> None:
     from zerofit.backends.torch_common import build_adamw, param_groups
-    from zerofit.schema import OptimConfig
+    from zerofit.config.schema import OptimConfig
 
     module = materialized(tiny(LORA))
     adapters = {id(p) for n, p in module.named_parameters() if is_adapter(n)}

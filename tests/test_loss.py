@@ -30,7 +30,7 @@ def test_matches_plain_cross_entropy(chunk: int) -> None:
 
 def test_llama_loss_paths_agree() -> None:
     """model(tokens, targets) is the same loss whether the head is fused (chunked) or not."""
-    from zerofit.parallelize import materialize_
+    from zerofit.distributed.parallelize import materialize_
 
     losses, grads = [], []
     for chunk in (0, 48):
@@ -55,7 +55,7 @@ def test_rejects_bad_chunk() -> None:
 def _backward_matmuls(mode: str) -> tuple[int, torch.Tensor]:
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from zerofit.parallelize import apply_ac, get_blocks, materialize_
+    from zerofit.distributed.parallelize import apply_ac, get_blocks, materialize_
 
     class Count(TorchDispatchMode):
         def __init__(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from zerofit.metrics import MetricsSink, truncate_metrics
+from zerofit.report.metrics import MetricsSink, truncate_metrics
 
 
 def test_nonfinite_values_are_null_and_named(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from zerofit.config import config_from_dict
 from zerofit.errors import UserError
+from zerofit.launch.run_config import config_from_dict
 from zerofit.models import PRESETS, build_model, preset_names
 from zerofit.models.init import Initializer, init_llama_param_, llama_init
 from zerofit.models.llama import Llama, LlamaArgs, grouped_attention, param_shapes

@@ -96,7 +96,7 @@ def test_adamw_is_fused_for_offloaded_states_unless_told(
     import torch
 
     from zerofit.backends.torch_common import build_adamw
-    from zerofit.config import load_config
+    from zerofit.launch.run_config import load_config
 
     cfg = load_config(None, [] if fused is None else [f"optim.fused={str(fused).lower()}"]).optim
     results = []

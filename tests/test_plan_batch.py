@@ -17,16 +17,17 @@ import pytest
 import torch
 import yaml
 
+from zerofit.backends.terms import Workload
 from zerofit.cli import main
-from zerofit.config import check_world, config_from_dict, load_config
-from zerofit.dist import DistContext, cap_gpu_memory
-from zerofit.doctor import oom_advice
+from zerofit.config import check_world
+from zerofit.config.sizes import memory_fraction, parse_size
+from zerofit.distributed.mesh import DistContext, cap_gpu_memory
 from zerofit.errors import UserError
+from zerofit.launch.run_config import config_from_dict, load_config
 from zerofit.models.shape import ModelShape, shape_from_preset
 from zerofit.planner.plan import Option, batch_splits, evaluate, plan, recommend
 from zerofit.planner.shape import Hardware
-from zerofit.planner.terms import Workload
-from zerofit.sizes import memory_fraction, parse_size
+from zerofit.report.doctor import oom_advice
 
 GIB = 2**30
 GB24 = 24 * 10**9
@@ -61,7 +62,7 @@ def one_line_exit_2(capsys: pytest.CaptureFixture[str], *args: str) -> str:
 
 
 def test_one_size_reader_for_every_size() -> None:
-    from zerofit.export import parse_size as shard_size
+    from zerofit.export.run import parse_size as shard_size
     from zerofit.planner.shape import parse_size as plan_size
 
     assert parse_size("24GB") == GB24 and parse_size("22GiB") == 22 * GIB
@@ -149,8 +150,8 @@ def test_on_cuda_the_allocator_gets_the_fraction(monkeypatch, capsys) -> None:
 
 
 def test_the_worker_caps_before_it_builds_the_model(monkeypatch, capsys, tmp_path) -> None:
-    import zerofit.run as run
-    from zerofit.dist import shutdown
+    import zerofit.train.run as run
+    from zerofit.distributed.mesh import shutdown
 
     class Built(Exception):
         """The Trainer (the model) is being built: what was said before it."""

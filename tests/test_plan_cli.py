@@ -13,8 +13,8 @@ import pytest
 import torch
 from conftest import zerofit
 
+from zerofit.backends.terms import Workload
 from zerofit.cli import main
-from zerofit.metrics import PEAK_BF16_FLOPS
 from zerofit.models.shape import shape_from_preset
 from zerofit.planner import shape as hardware
 from zerofit.planner.gpus import GPUS, find_gpu, gpu_named
@@ -22,7 +22,7 @@ from zerofit.planner.memory import Strategy
 from zerofit.planner.plan import HEADROOM, evaluate, plan
 from zerofit.planner.shape import Hardware, detect_hardware, host_ram, with_gpu
 from zerofit.planner.speed import predict
-from zerofit.planner.terms import Workload
+from zerofit.report.metrics import PEAK_BF16_FLOPS
 
 GIB = 2**30
 DETECTED_RAM = 64 * GIB
@@ -295,6 +295,22 @@ def _fake_cuda(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
         lambda device=None: SimpleNamespace(total_memory=23 * GIB),
     )
     monkeypatch.setattr(hardware, "host_ram", lambda: 128 * GIB)
+    monkeypatch.setattr(hardware, "visible_gpus", lambda: 2)
+
+
+def test_visible_gpus_reads_the_driver_and_cuda_visible_devices(monkeypatch, tmp_path) -> None:
+    """The count `plan` and `ds-config` use without importing torch."""
+    gpus = tmp_path / "gpus"
+    for bus in ("0000:01:00.0", "0000:02:00.0", "0000:03:00.0"):
+        (gpus / bus).mkdir(parents=True)
+    monkeypatch.setattr(hardware, "Path", lambda p: gpus if p == "/proc/driver/nvidia/gpus" else p)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert hardware.visible_gpus() == 3
+    for value, count in [("1", 1), ("0,2", 2), ("", 0), ("-1", 0), ("0,-1,2", 1), ("0,1,2,3", 3)]:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert hardware.visible_gpus() == count, value
+    monkeypatch.setattr(hardware, "Path", lambda p: tmp_path / "none")
+    assert hardware.visible_gpus() == 0  # no driver: no GPU, whatever the variable says
 
 
 def test_a_local_card_is_detected_by_name(monkeypatch) -> None:

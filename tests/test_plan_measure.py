@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from conftest import write_config, zerofit
 
+from zerofit.backends.terms import GIB, Workload
 from zerofit.cli import main
 from zerofit.commands.plan_measure import WARMUP, compare, family, pick, replay, summary_line
+from zerofit.launch.child_run import TIMED_OUT, Outcome
 from zerofit.models.shape import shape_from_preset
 from zerofit.planner.memory import Memory, Strategy, estimate
 from zerofit.planner.plan import Option
 from zerofit.planner.shape import Hardware
 from zerofit.planner.speed import Speed, predict
-from zerofit.planner.terms import GIB, Workload
-from zerofit.runner import TIMED_OUT, Outcome
 
 
 def option(step: float, fits: bool = True, host: float = 0.0, **strategy: object) -> Option:
@@ -195,8 +195,8 @@ def test_zero3_compiled_inside_ac_stops_recording_cuda_allocations(monkeypatch) 
     import torch._dynamo.config as dynamo_config
     from torch import nn
 
+    from zerofit.distributed.parallelize import apply_ac, apply_compile_forward
     from zerofit.models import loss
-    from zerofit.parallelize import apply_ac, apply_compile_forward
 
     # apply_compile_forward sets process-wide state: put it back after the test
     monkeypatch.setattr(loss, "COMPILE_CHUNKS", loss.COMPILE_CHUNKS)

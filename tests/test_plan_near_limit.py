@@ -4,12 +4,12 @@ cannot hold or one short of host RAM."""
 
 from __future__ import annotations
 
-from zerofit.config import config_from_dict
+from zerofit.backends.terms import GIB
+from zerofit.launch.run_config import config_from_dict
 from zerofit.models.shape import shape_from_preset
 from zerofit.planner.memory import workload_for
 from zerofit.planner.plan import near_limit, plan, recommend
 from zerofit.planner.shape import Hardware
-from zerofit.planner.terms import GIB
 
 # The llama3-8b preset, fp32 master weights and AdamW states (16 B per parameter, ~120 GiB),
 # micro-batch 4 x 2,048: only full recomputation comes near one 140 GiB card.

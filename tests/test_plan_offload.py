@@ -16,9 +16,7 @@ import yaml
 from test_plan_batch import _ratio_options  # the same DeepSpeed optimizer-offload selection
 
 from zerofit.backends import get_engine
-from zerofit.backends.deepspeed.ds_json import to_ds_json
-from zerofit.backends.deepspeed.options import DeepSpeedOptions
-from zerofit.backends.deepspeed.spec import (
+from zerofit.backends.deepspeed.costs import (
     CPU_ADAM_BW,
     FINE_SUB_GROUP_SIZE,
     SUB_GROUP_SIZE,
@@ -26,9 +24,12 @@ from zerofit.backends.deepspeed.spec import (
     decayed_matrices,
     sub_groups,
 )
+from zerofit.backends.deepspeed.ds_json import to_ds_json
+from zerofit.backends.deepspeed.options import DeepSpeedOptions
 from zerofit.backends.fsdp.spec import FOREACH_CPU_ADAM_BW, FUSED_CPU_ADAM_BW
+from zerofit.backends.terms import GIB, Workload
 from zerofit.cli import main
-from zerofit.config import config_from_dict, load_config
+from zerofit.launch.run_config import config_from_dict, load_config
 from zerofit.models.shape import ModelShape, shape_from_preset
 from zerofit.planner.memory import Strategy, estimate
 from zerofit.planner.plan import (
@@ -42,7 +43,6 @@ from zerofit.planner.plan import (
 )
 from zerofit.planner.shape import Hardware
 from zerofit.planner.speed import OVERLAP, predict
-from zerofit.planner.terms import GIB, Workload
 
 M = shape_from_preset("llama3-1b")
 P = M.num_params

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
+from zerofit.backends.terms import Workload
 from zerofit.cli import main
 from zerofit.models.shape import ModelShape, shape_from_preset
 from zerofit.planner.memory import Strategy, block_activation_bytes, estimate
 from zerofit.planner.plan import plan, recommend
 from zerofit.planner.shape import Hardware, parse_size
-from zerofit.planner.terms import Workload
 
 GIB = 2**30
 LLAMA2_7B = ModelShape("llama2-7b", 32, 4096, 32, 32, 11008, 32000)
@@ -141,7 +141,7 @@ def test_cli_json_and_write(tmp_path, capsys) -> None:
     text = capsys.readouterr().out
     data = json.loads(text[: text.rindex("}") + 1])
     assert data["recommendation"] and len(data["options"]) >= 12
-    from zerofit.config import load_config
+    from zerofit.launch.run_config import load_config
 
     cfg = load_config(out)
     assert (

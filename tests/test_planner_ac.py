@@ -8,10 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from zerofit.config import config_from_dict, with_fields
+from zerofit.backends.terms import Workload
+from zerofit.config import with_fields
+from zerofit.distributed.ac_blocks import checkpointed_blocks
 from zerofit.errors import UserError
+from zerofit.launch.run_config import config_from_dict
 from zerofit.models.shape import shape_from_preset
-from zerofit.parallelize import checkpointed_blocks
 from zerofit.planner.memory import (
     Strategy,
     activation_parts,
@@ -23,7 +25,6 @@ from zerofit.planner.memory import (
 from zerofit.planner.plan import evaluate, plan
 from zerofit.planner.shape import Hardware
 from zerofit.planner.speed import predict
-from zerofit.planner.terms import Workload
 
 GIB = 2**30
 M8 = shape_from_preset("llama3-8b")

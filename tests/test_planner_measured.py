@@ -25,13 +25,13 @@ from pathlib import Path
 import pytest
 
 from zerofit.commands import plan_measure
-from zerofit.config import load_config
+from zerofit.launch.child_run import Outcome
+from zerofit.launch.run_config import load_config
 from zerofit.models.shape import shape_from_config
 from zerofit.planner.memory import estimate, strategy_for, workload_for
 from zerofit.planner.plan import evaluate
 from zerofit.planner.shape import Hardware
 from zerofit.planner.speed import predict
-from zerofit.runner import Outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "benchmarks" / "data"

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import pytest
 
+from zerofit.backends.terms import GIB, Workload
 from zerofit.models.shape import ModelShape, shape_from_preset
 from zerofit.planner.gpus import find_gpu
 from zerofit.planner.memory import Strategy, estimate
 from zerofit.planner.shape import Hardware, with_gpu
 from zerofit.planner.speed import bandwidth_factor, flops_per_token, predict
-from zerofit.planner.terms import GIB, Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks" / "2026-12-02-planner-calibration-h200.md"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from zerofit.config import load_config
+from zerofit.launch.run_config import load_config
 from zerofit.models import build_model
 from zerofit.models.lora import apply_lora
 

@@ -32,9 +32,9 @@ CRASH = textwrap.dedent(
     import os, sys
     from pathlib import Path
     from zerofit.backends.torch_common import TorchBackend
-    from zerofit.config import load_config
-    from zerofit.resolve import resolve
-    from zerofit.run import run_training
+    from zerofit.launch.run_config import load_config
+    from zerofit.launch.resolve import resolve
+    from zerofit.train.run import run_training
 
     original = TorchBackend.save
     calls = []

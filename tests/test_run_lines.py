@@ -10,9 +10,10 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from zerofit.config import Config, compiles
+from zerofit.config import compiles
+from zerofit.launch.run_config import config_from_dict, default_config
 from zerofit.models.describe import fast_path_line
-from zerofit.progress import summary_table
+from zerofit.report.progress import summary_table
 
 
 def _rendered(summary: dict) -> str:
@@ -61,9 +62,9 @@ def test_the_model_line_names_compile_attention_head_and_lean_ops() -> None:
 
 
 def test_compile_auto_is_on_for_cuda_only() -> None:
-    p = Config().parallel
+    p = default_config().parallel
     assert p.compile == "auto"
     assert compiles(p, "cuda") and not compiles(p, "cpu")
     for value in (True, False):
-        explicit = Config(parallel={"compile": value}).parallel  # type: ignore[arg-type]
+        explicit = config_from_dict({"parallel": {"compile": value}}).parallel
         assert compiles(explicit, "cuda") is value and compiles(explicit, "cpu") is value

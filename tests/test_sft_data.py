@@ -15,7 +15,6 @@ from conftest import TINY, deep_update, write_config, zerofit
 from sft_helpers import CHAT, make_tokenizer
 
 from zerofit.cli import main
-from zerofit.config import config_from_dict
 from zerofit.data import (
     IGNORE_INDEX,
     ByteTokenizer,
@@ -35,9 +34,10 @@ from zerofit.data import (
     to_batch,
 )
 from zerofit.errors import UserError
-from zerofit.inputs import data_meta
+from zerofit.launch.run_config import config_from_dict
 from zerofit.models.llama import Llama, rope_table
 from zerofit.models.presets import PRESETS
+from zerofit.train.inputs import data_meta
 
 
 @pytest.fixture(scope="module")

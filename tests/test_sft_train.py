@@ -12,10 +12,10 @@ import torch
 from conftest import TINY, deep_update, losses, write_config, zerofit
 from sft_helpers import make_tokenizer, write_chat_jsonl
 
-from zerofit.config import config_from_dict
 from zerofit.data import real_tokens
-from zerofit.inputs import build_inputs, make_loader
+from zerofit.launch.run_config import config_from_dict
 from zerofit.models.loss import IGNORE_INDEX
+from zerofit.train.inputs import build_inputs, make_loader
 
 pytestmark = pytest.mark.dist
 RTOL = 1e-5  # as tests/test_parity.py: summation order only
@@ -74,7 +74,7 @@ def test_chat_loss_falls(chat: tuple[Path, dict], engine: str) -> None:
 
 def test_step_loss_is_the_global_token_mean(chat: tuple[Path, dict]) -> None:
     """Step 1's logged loss (2 ranks) against the initial model's mean over all valid targets."""
-    from zerofit.parallelize import materialize_
+    from zerofit.distributed.parallelize import materialize_
 
     logged = losses(run(chat, "fsdp", "2", ENGINES["fsdp"]))[1]
     cfg = config_from_dict(deep_update(TINY, deep_update(chat[1], ENGINES["fsdp"])))

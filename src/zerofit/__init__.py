@@ -1,7 +1,12 @@
 """zerofit: FSDP2, DeepSpeed ZeRO and DDP behind one config."""
 
-from zerofit import torchao_logs
+from importlib import metadata
 
-__version__ = "0.2.0"
+from zerofit.report import quiet
 
-torchao_logs.install()  # before anything (transformers included) imports torchao
+try:
+    __version__ = metadata.version("zerofit")  # one number: pyproject.toml's, as installed
+except metadata.PackageNotFoundError:  # a source tree on PYTHONPATH, never installed
+    __version__ = "unknown"
+
+quiet.install()  # before anything (transformers included) imports torchao

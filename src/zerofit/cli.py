@@ -22,7 +22,7 @@ def split_overrides(rest: list[str]) -> list[str]:
 
     Each `--section.key` names a field under a section; whether the config file has a mapping
     there is checked when they are merged (`zerofit.config.load_config`)."""
-    from zerofit.limits import shown
+    from zerofit.config.limits import shown
 
     out, i = [], 0
     while i < len(rest):

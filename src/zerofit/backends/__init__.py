@@ -2,40 +2,54 @@
 
 Each engine is a package: `options` (its `parallel.<name>` config section), `spec` (an `Engine`:
 what the launcher, planner, doctor and bench need, torch-free) and `runtime` (its `Backend`, which
-imports torch and the engine library only when a run starts). `catalog.SECTIONS` lists them.
+imports torch and the engine library only when a run starts). `catalog.ENGINES` lists them.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from zerofit.backends.catalog import SECTIONS
+from zerofit.backends.catalog import ENGINES
 
 if TYPE_CHECKING:
     from zerofit.backends.engine import Engine
     from zerofit.config import Config
 
 
-@functools.cache
 def engines() -> dict[str, Engine]:
     """Every engine's spec, in catalog order."""
-    out = {}
-    for name, options in SECTIONS.items():
-        engine = importlib.import_module(f"zerofit.backends.{name}.spec").ENGINE
-        assert engine.name == name and engine.options is options, name
-        out[name] = engine
-    return out
+    return ENGINES
 
 
 def get_engine(name: str) -> Engine:
-    return engines()[name]
+    return ENGINES[name]
 
 
 def engine_of(cfg: Config) -> Engine:
     """The engine a (resolved: not `auto`) config runs on."""
-    return engines()[cfg.parallel.backend]
+    return ENGINES[cfg.parallel.backend]  # type: ignore[attr-defined]
 
 
-__all__ = ["engine_of", "engines", "get_engine"]
+def checkpoint_readers() -> dict[str, Callable[[Path], Any]]:
+    """The readers of the checkpoint formats other than DCP, by format (imported on call)."""
+    return {
+        e.checkpoint_format: reader for e in ENGINES.values() if (reader := e.reader()) is not None
+    }
+
+
+def library_versions() -> dict[str, str | None]:
+    """The installed version of each engine's own library (None: not installed), by package."""
+    out: dict[str, str | None] = {}
+    for e in ENGINES.values():
+        if e.library is not None:
+            try:
+                out[e.library] = metadata.version(e.library)
+            except metadata.PackageNotFoundError:
+                out[e.library] = None
+    return out
+
+
+__all__ = ["checkpoint_readers", "engine_of", "engines", "get_engine", "library_versions"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import ClassVar
@@ -11,11 +11,12 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from zerofit.checkpoint.neutral import READ_ERRORS, ReaderFactory, checkpoint_error, open_reader
 from zerofit.config import Config
-from zerofit.dist import DistContext
+from zerofit.distributed.mesh import DistContext
+from zerofit.distributed.parallelize import materialize_
 from zerofit.faults.nonfinite import StepResult
 from zerofit.models import ModelSpec
-from zerofit.parallelize import materialize_
 
 # Called once per step between backward and the update: True when the update may be applied.
 Gate = Callable[[torch.Tensor], bool]
@@ -46,8 +47,11 @@ class Backend(ABC):
     model: nn.Module
     optimizer: torch.optim.Optimizer
 
-    def __init__(self, ctx: DistContext, cfg: Config) -> None:
+    def __init__(
+        self, ctx: DistContext, cfg: Config, readers: Mapping[str, ReaderFactory] | None = None
+    ) -> None:
         self.ctx = ctx
+        self.readers = dict(readers or {})  # other engines' checkpoint formats, by format
         self.cfg = cfg  # precision-resolved
         self.parallel = cfg.parallel
         self.precision = cfg.precision
@@ -83,10 +87,8 @@ class Backend(ABC):
     def check_restorable(self, path: Path, saved: dict) -> None:
         """Open (safely) everything `restore` will read on this rank, without collectives, so an
         unreadable file stops every rank before any of them enters `restore`'s collectives."""
-        from zerofit.checkpoint.neutral import READ_ERRORS, checkpoint_error, open_reader
-
         try:
-            open_reader(path, saved["format"]).read_metadata()
+            open_reader(path, saved["format"], self.readers).read_metadata()
         except READ_ERRORS as e:
             raise checkpoint_error(path.parent, e) from None
 

@@ -10,9 +10,11 @@ holds the registry; nothing outside an engine's package compares engine names.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from zerofit.planner.terms import EngineMemory, OffloadTime, Traffic, Workload
+from zerofit.backends.terms import EngineMemory, OffloadTime, Traffic, Workload
 
 if TYPE_CHECKING:
     from zerofit.backends.base import Backend
@@ -26,6 +28,8 @@ class Engine:
     options: ClassVar[type]  # the dataclass of `parallel.<name>`
     runtime_module: ClassVar[str]  # where its Backend lives (imports torch)
     checkpoint_format: ClassVar[str] = "dcp"
+    # The package this engine runs on beyond torch (its version goes into benchmark records).
+    library: ClassVar[str | None] = None
     # "module:Class" reading a checkpoint of a format other than DCP (model_dir -> StorageReader).
     checkpoint_reader: ClassVar[str | None] = None
     # Option fields the planner chooses (written by `zerofit plan --write`).
@@ -36,14 +40,19 @@ class Engine:
     # Under full activation checkpointing, each block's saved input is fp32 (autocast keeps the
     # master-dtype residual stream) rather than the compute dtype.
     fp32_checkpoints: ClassVar[bool] = False
-    # Modules with a `register(subparsers)`: this engine's own `zerofit` subcommands.
-    commands: ClassVar[tuple[str, ...]] = ()
+    # The command that prints the file this engine's library runs from (`render_file`), if any.
+    file_command: ClassVar[str | None] = None
+    file_help: ClassVar[str] = ""
 
     # ------------------------------------------------------------------ config
 
     def opts(self, cfg: Config) -> Any:
         """This engine's section of a config."""
         return getattr(cfg.parallel, self.name)
+
+    def check_options(self, opts: Any) -> None:
+        """Refuse, at config load, a value in this engine's section that no run could use (a path
+        the OS would refuse), whichever engine the run picks."""
 
     def validate(self, cfg: Config) -> None:
         """Refuse, at config load (UserError), settings this engine cannot run at all; what needs
@@ -67,6 +76,17 @@ class Engine:
 
     def runtime(self) -> type[Backend]:
         return importlib.import_module(self.runtime_module).BACKEND
+
+    def render_file(self, cfg: Config, world_size: int) -> str:
+        """The engine library's own config file for a resolved config (see `file_command`)."""
+        raise NotImplementedError(f"{self.name} runs from no file of its own")
+
+    def reader(self) -> Callable[[Path], Any] | None:
+        """The class that reads this engine's checkpoint files when they are not DCP's."""
+        if self.checkpoint_reader is None:
+            return None
+        module, name = self.checkpoint_reader.split(":")
+        return getattr(importlib.import_module(module), name)
 
     # ------------------------------------------------------------------ planner
 

@@ -12,8 +12,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from zerofit.backends.base import DTYPE, Backend, Gate
 from zerofit.checkpoint.neutral import READ_ERRORS, checkpoint_error, open_reader
+from zerofit.config.schema import OptimConfig
 from zerofit.faults.nonfinite import StepResult
-from zerofit.schema import OptimConfig
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -124,7 +124,7 @@ class TorchBackend(Backend):
         files come through their registered reader under the same keys."""
         state, model_sd, groups = self._tensor_state()
         try:
-            reader = open_reader(path, saved["format"])
+            reader = open_reader(path, saved["format"], self.readers)
             reader.read_metadata()  # refused here, in one line, before DCP logs its fallbacks
             dcp.load(state, storage_reader=reader)
         except READ_ERRORS as e:

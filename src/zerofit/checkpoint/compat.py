@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.errors import UserError
-from zerofit.schedule import lr_at
+from zerofit.train.lr_schedule import lr_at
 
 
 def first_difference(a: Any, b: Any, path: str = "") -> str | None:

@@ -15,7 +15,7 @@ resharding it; other engines and ``zerofit export`` read one full tensor at a ti
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -33,30 +33,18 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 # What reading a damaged or hostile checkpoint can raise (DCP's exception is a BaseException).
 READ_ERRORS = (Exception, CheckpointException)
 
-_FORMATS: dict[str, Callable[[Path], StorageReader]] = {"dcp": SafeFileSystemReader}
+ReaderFactory = Callable[[Path], StorageReader]
 
 
-def _engine_reader(fmt: str) -> Callable[[Path], StorageReader] | None:
-    """An engine whose files are not DCP names its reader (``Engine.checkpoint_reader``,
-    "module:Class", ``model_dir -> reader``); it is imported only when such a checkpoint is read."""
-    import importlib
-
-    from zerofit.backends import engines
-
-    for eng in engines().values():
-        if eng.checkpoint_format == fmt and eng.checkpoint_reader:
-            module, name = eng.checkpoint_reader.split(":")
-            return getattr(importlib.import_module(module), name)
-    return None
-
-
-def open_reader(model_dir: Path, fmt: str) -> StorageReader:
-    if fmt not in _FORMATS:
-        reader = _engine_reader(fmt)
-        if reader is None:
-            raise UserError(f"checkpoint {model_dir.parent} has an unknown format {fmt!r}")
-        _FORMATS[fmt] = reader
-    return _FORMATS[fmt](model_dir)
+def open_reader(
+    model_dir: Path, fmt: str, readers: Mapping[str, ReaderFactory] | None = None
+) -> StorageReader:
+    """A reader for a checkpoint's model files: DCP's, or one of `readers` (by format), which an
+    engine whose files are not DCP provides (`zerofit.backends.checkpoint_readers`)."""
+    factory = {"dcp": SafeFileSystemReader, **(readers or {})}.get(fmt)
+    if factory is None:
+        raise UserError(f"checkpoint {model_dir.parent} has an unknown format {fmt!r}")
+    return factory(model_dir)
 
 
 def checkpoint_error(ckpt: Path, e: BaseException) -> UserError:

@@ -17,8 +17,8 @@ A refused file raises ``UnsafeCheckpointError`` naming it; nothing in it has run
 
 from __future__ import annotations
 
-import importlib
 import pickle
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,26 +96,13 @@ def _reason(e: BaseException) -> str:
     return first[:300]
 
 
-def ds_safe_globals() -> list[Any]:
-    """Plain-data classes DeepSpeed pickles into its checkpoint files (none of them runs code)."""
-    found: list[Any] = []
-    for module, names in (
-        ("deepspeed.runtime.fp16.loss_scaler", ("LossScaler", "DynamicLossScaler")),
-        ("deepspeed.runtime.zero.config", ("ZeroStageEnum",)),
-        ("deepspeed.utils.tensor_fragment", ("fragment_address",)),
-    ):
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
-        found += [getattr(mod, n) for n in names if hasattr(mod, n)]
-    return found
-
-
-def load_torch_file(path: str | Path, map_location: Any = "cpu", mmap: bool = True) -> Any:
-    """``torch.load`` that cannot run code: weights only, plus DeepSpeed's plain-data records."""
+def load_torch_file(
+    path: str | Path, map_location: Any = "cpu", mmap: bool = True, allowed: Sequence[Any] = ()
+) -> Any:
+    """``torch.load`` that cannot run code: weights only, plus the plain-data classes `allowed`
+    (an engine's records, e.g. DeepSpeed's loss scaler)."""
     try:
-        with torch.serialization.safe_globals(ds_safe_globals()):
+        with torch.serialization.safe_globals(list(allowed)):
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except OSError as e:
         raise UnsafeCheckpointError(f"cannot read {path}: {e.strerror or e}") from None

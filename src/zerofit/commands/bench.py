@@ -7,15 +7,16 @@ import shlex
 import time
 from pathlib import Path
 
-from zerofit.config import load_config
+from zerofit.backends import engines
 from zerofit.errors import UserError
+from zerofit.launch.run_config import load_config
 
-EXAMPLES = """examples:
-  zerofit bench -c cfg.yaml --backends ddp,fsdp,deepspeed
-  zerofit bench -c cfg.yaml --backends fsdp,deepspeed --sweep train.micro_batch_size=1,2,4
-  zerofit bench -c cfg.yaml --backends deepspeed --sweep parallel.deepspeed.reduce_bucket_size=5e7,2e8
+_ALL = ",".join(engines())
+EXAMPLES = f"""examples:
+  zerofit bench -c cfg.yaml --backends {_ALL}
+  zerofit bench -c cfg.yaml --backends {_ALL} --sweep train.micro_batch_size=1,2,4
   zerofit bench -c cfg.yaml --variant 'compiled: parallel.compile=true' --train.micro_batch_size 2
-  zerofit bench -c cfg.yaml --backends fsdp,deepspeed --profile   # + a trace and time breakdown"""
+  zerofit bench -c cfg.yaml --backends {_ALL} --profile   # + a trace and time breakdown"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,8 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _variants(args: argparse.Namespace, overrides: list[str]) -> list:
-    from zerofit import bench
     from zerofit.backends import engines
+    from zerofit.bench import run as bench
 
     owners = {name: eng.own_keys() for name, eng in engines().items()}
     sweeps = [bench.parse_sweep(s) for s in args.sweep]
@@ -91,9 +92,9 @@ def _variants(args: argparse.Namespace, overrides: list[str]) -> list:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from zerofit import bench
-    from zerofit.bench_report import environment, print_table, write_report
-    from zerofit.launch import default_nproc
+    from zerofit.bench import run as bench
+    from zerofit.bench.report import environment, print_table, write_report
+    from zerofit.launch.prepare import default_nproc
 
     if args.steps < 1 or args.warmup < 0:
         raise UserError("--steps must be >= 1 and --warmup >= 0")

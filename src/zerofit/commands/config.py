@@ -28,19 +28,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def json_schema() -> dict[str, Any]:
-    """Draft 2020-12 JSON Schema of `zerofit.schema.Config` (unknown keys are errors)."""
+    """Draft 2020-12 JSON Schema of a run's config (`zerofit.backends.catalog.RunConfig`) (unknown keys are errors)."""
     from pydantic import TypeAdapter
     from pydantic.json_schema import GenerateJsonSchema
 
     from zerofit import __version__
-    from zerofit.schema import Config
+    from zerofit.backends.catalog import RunConfig
 
     class _Schema(GenerateJsonSchema):
         # bounds sit behind zerofit's own int coercion, where pydantic keeps its names for them
         def generate(self, schema: Any, mode: Any = "validation") -> Any:
             return _standard_bounds(super().generate(schema, mode))
 
-    out = TypeAdapter(Config).json_schema(schema_generator=_Schema)
+    out = TypeAdapter(RunConfig).json_schema(schema_generator=_Schema)
     out["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     out["title"] = f"zerofit {__version__} config"
     return out
@@ -59,7 +59,8 @@ def _standard_bounds(node: Any) -> Any:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from zerofit.config import load_config, to_dict
+    from zerofit.config import to_dict
+    from zerofit.launch.run_config import load_config
 
     if args.action == "schema":
         if overrides or args.config:

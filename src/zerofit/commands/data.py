@@ -63,9 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from rich.console import Console
 
-    from zerofit.config import load_config
     from zerofit.data.preview import build_preview, row_view
     from zerofit.data.preview_html import page, write_histogram
+    from zerofit.launch.run_config import load_config
 
     if args.rows < 0 or args.tokens < 1:
         raise UserError("--rows must be >= 0 and --tokens >= 1")

@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from zerofit.doctor import diagnose, print_report
+    from zerofit.report.doctor import diagnose, print_report
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():

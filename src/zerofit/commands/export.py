@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from zerofit.export import export_checkpoint, find_checkpoint, parse_size
+    from zerofit.export.run import export_checkpoint, find_checkpoint, parse_size
 
     run_dir = Path(args.run_dir)
     ckpt = find_checkpoint(run_dir, args.step)

@@ -10,11 +10,14 @@ from functools import partial
 from pathlib import Path
 from typing import NoReturn
 
-from zerofit.commands import plan_measure
+import zerofit.commands.plan_measure as plan_measure
+from zerofit.backends.terms import Workload
 from zerofit.commands.plan_table import print_tables
-from zerofit.config import Config, load_config, save_config, with_fields
+from zerofit.config import Config, save_config, with_fields
+from zerofit.config.limits import shown
+from zerofit.config.sizes import gib, memory_fraction
 from zerofit.errors import UserError
-from zerofit.limits import shown
+from zerofit.launch.run_config import default_config, load_config
 from zerofit.models.shape import ModelShape, shape_from_config, shape_from_hf_config
 from zerofit.planner.gpus import GPUS, find_gpu
 from zerofit.planner.memory import workload_for
@@ -36,8 +39,6 @@ from zerofit.planner.shape import (
     parse_size,
     with_gpu,
 )
-from zerofit.planner.terms import Workload
-from zerofit.sizes import gib, memory_fraction
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -164,7 +165,7 @@ def _model_and_base(args: argparse.Namespace) -> tuple[ModelShape, Config]:
         raise UserError(
             "give exactly one model source: -c CFG, --preset NAME, --hf-config PATH, or --layers/--dim/..."
         )
-    base = load_config(args.config) if args.config else Config()
+    base = load_config(args.config) if args.config else default_config()
     if args.preset:
         base = with_fields(
             base, {"model.preset": args.preset, "model.hf": None, "model.overrides": {}}

@@ -5,8 +5,8 @@ family is an engine's option set without its offload details (DDP, FSDP full-sha
 ZeRO-1/2/3), or that engine offloading (FSDP offload, ZeRO-3 offload); a family is that times the
 activation checkpointing mode (and compile). Engine families take turns, the fastest forecast
 first, each starting its AC modes at a different one, so that K = the number of engines already
-checks every engine and every AC mode; within a family, best predicted first. Each runs as its own `zerofit train` (`zerofit.runner`) for WARMUP + `--measure-steps`
-steps; the median step time after warm-up comes from `zerofit.bench.measure`, the peak allocated
+checks every engine and every AC mode; within a family, best predicted first. Each runs as its own `zerofit train` (`zerofit.launch.child_run`) for WARMUP + `--measure-steps`
+steps; the median step time after warm-up comes from `zerofit.bench.run.measure`, the peak allocated
 memory from the run's summary.json (GPU only: on CPU it is null, and the host RSS is given beside).
 
 Errors are predicted / measured - 1. A run that fails is a row with its failure line; an OOM is a
@@ -26,19 +26,19 @@ import sys
 import tempfile
 from collections.abc import Callable
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from zerofit import runner
+from zerofit.backends import library_versions
+from zerofit.backends.terms import GIB, Adapters, Workload
 from zerofit.config import Config, save_config, to_dict
 from zerofit.errors import UserError
+from zerofit.launch import child_run as runner
 from zerofit.models.shape import ModelShape, ParamCounts
 from zerofit.planner.memory import Strategy
 from zerofit.planner.plan import Option
 from zerofit.planner.shape import Hardware, parse_count, parse_positive
-from zerofit.planner.terms import GIB, Adapters, Workload
-from zerofit.recording import MEMORY_HISTORY_STEPS
+from zerofit.report.memory_history import MEMORY_HISTORY_STEPS
 
 # Steps before the timed ones (allocator warm-up, first all-gathers, compile), and at least the
 # steps a CUDA run records its allocations in (slower). The 2026-12-03 held-out files were
@@ -140,8 +140,8 @@ def compare(
 ) -> dict[str, Any]:
     """One row: predicted against measured memory, step time and tokens/s, or the failure (a
     run stopped at `timeout` seconds: status "timeout")."""
-    from zerofit.bench import _classify
-    from zerofit.bench import measure as median_of
+    from zerofit.bench.run import classify
+    from zerofit.bench.run import measure as median_of
 
     s = o.strategy
     row: dict[str, Any] = {
@@ -164,7 +164,7 @@ def compare(
     measured: dict[str, Any] = {"measured_alloc_gib": None, "measured_step_s": None}
     measured |= {"measured_tokens_per_s": None, "measured_reserved_gib": None}
     if not outcome.ok:
-        status, line = _classify(outcome.code, outcome.log())
+        status, line = classify(outcome.code, outcome.log())
         if timeout is not None and outcome.code == runner.TIMED_OUT:
             status, line = "timeout", f"no result within {timeout:g} s (--measure-timeout)"
         row["status"], row["failure"] = status, line
@@ -254,16 +254,12 @@ def meta(m: ModelShape, w: Workload, hw: Hardware, st: Settings) -> dict[str, An
     """What the runs were: when, how, on what, and what re-predicts them."""
     import torch
 
-    try:
-        deepspeed = metadata.version("deepspeed")
-    except metadata.PackageNotFoundError:
-        deepspeed = None
     cuda = torch.cuda.is_available()
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": "zerofit " + shlex.join(sys.argv[1:]),
         "torch": torch.__version__,
-        "deepspeed": deepspeed,
+        **library_versions(),
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "gpu_count": torch.cuda.device_count() if cuda else 0,
         "warmup_steps": WARMUP,

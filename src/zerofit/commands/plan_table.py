@@ -4,10 +4,10 @@ that refuse the config) and the verdict."""
 
 from __future__ import annotations
 
+from zerofit.backends.terms import GIB, Workload
 from zerofit.models.shape import ModelShape
 from zerofit.planner.plan import Option, closest, headroom_rule, left_out_line, recommend
 from zerofit.planner.shape import Hardware
-from zerofit.planner.terms import GIB, Workload
 
 COLUMNS = ("strategy", "micro x acc", "params", "grads", "optim", "activ", "logits", "buffers")
 COLUMNS += ("overhead", "GPU total", "host/GPU", "fits", "step s", "tok/s", "MFU")

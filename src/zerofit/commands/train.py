@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from zerofit.config import field_help, load_config
 from zerofit.errors import UserError
+from zerofit.launch.run_config import field_help, load_config
 
 
 def _options_epilog() -> str:
@@ -27,8 +27,8 @@ def _options_epilog() -> str:
     lines += [
         "",
         "examples:",
-        "  zerofit train                                   # tiny model, stdlib corpus, FSDP, all GPUs or 2 CPU procs",
-        "  zerofit train -c cfg.yaml --nproc 8 --train.steps 1000 --parallel.backend ddp",
+        "  zerofit train                                   # tiny model, stdlib corpus, all GPUs or 2 CPU procs",
+        "  zerofit train -c cfg.yaml --nproc 8 --train.steps 1000 --parallel.backend auto",
         "  zerofit train -c cfg.yaml --resume               # continue from the latest complete checkpoint",
     ]
     return "\n".join(lines)
@@ -70,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def print_summary(run_dir: Path) -> None:
     from rich.console import Console
 
-    from zerofit.progress import summary_table
+    from zerofit.report.progress import summary_table
 
     summary_file = run_dir / "summary.json"
     console = Console()
@@ -80,9 +80,9 @@ def print_summary(run_dir: Path) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from zerofit import dist
-    from zerofit.launch import LaunchOptions, check_nproc, default_nproc, prepare_run
-    from zerofit.spawn import spawn
+    from zerofit.distributed import mesh as dist
+    from zerofit.launch.prepare import LaunchOptions, check_nproc, default_nproc, prepare_run
+    from zerofit.launch.spawn import spawn
 
     cfg = load_config(args.config, overrides)
     opts = LaunchOptions(
@@ -118,7 +118,7 @@ def _export_final(cfg: Any, run_dir: Path) -> None:
     (launcher) process once the workers are gone: no GPU memory, no process group."""
     if not cfg.checkpoint.export_final:
         return
-    from zerofit.export import export_checkpoint, find_checkpoint
+    from zerofit.export.run import export_checkpoint, find_checkpoint
 
     ckpt = find_checkpoint(run_dir, None)
     out = run_dir / "export" / ckpt.name
@@ -130,15 +130,15 @@ def _export_final(cfg: Any, run_dir: Path) -> None:
 
 
 def _train_joined(cfg: Any, opts: Any) -> int:
-    """Started by an external torchrun/srun: this process is one rank (zerofit.worker)."""
-    from zerofit.worker import train_joined
+    """Started by an external torchrun/srun: this process is one rank (zerofit.train.worker)."""
+    from zerofit.train.worker import train_joined
 
     code, prep = train_joined(cfg, opts)
     if code == 0 and prep is not None:  # rank 0
         print_summary(prep.run_dir)
         _export_final(prep.cfg, prep.run_dir)
     # This process is a rank: everything is written and the process group destroyed. End it here,
-    # as zerofit.worker does, without interpreter teardown: gloo's C++ threads destroyed at exit
+    # as zerofit.train.worker does, without interpreter teardown: gloo's C++ threads destroyed at exit
     # have aborted a finished rank (SIGABRT, "terminate called without an active exception").
     sys.stdout.flush()
     sys.stderr.flush()

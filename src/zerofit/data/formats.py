@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from zerofit.config.limits import shown
 from zerofit.errors import UserError
-from zerofit.limits import shown
 
 SAMPLE_FORMATS = ("prompt_completion", "chat", "sharegpt", "alpaca")
 SHAREGPT_ROLES = {

@@ -1,6 +1,6 @@
 """What a run will train on, before it starts (``zerofit data preview``).
 
-``build_preview(cfg)`` builds the rows with ``zerofit.inputs.run_data``, as a run builds them
+``build_preview(cfg)`` builds the rows with ``zerofit.train.inputs.run_data``, as a run builds them
 (no model, no process group), then:
 
 - ``row_view`` cuts a row into its samples (fine-tuning rows are [3, seq_len]: inputs, targets
@@ -25,7 +25,7 @@ from zerofit.data.packing import IGNORE_INDEX, PackStats, tokenize_stream
 from zerofit.data.samples import render_samples
 from zerofit.data.sources import iter_documents, iter_sample_records
 from zerofit.data.tokenizers import AnyTokenizer, ByteTokenizer, FolderTokenizer
-from zerofit.inputs import run_data
+from zerofit.train.inputs import run_data
 
 CONTEXT_TOKENS = 4  # tokens decoded before each one, so SentencePiece spaces and bytes survive
 VISIBLE = {"\n": "↵\n", "\r": "␍", "\t": "⇥", "\x7f": "␡"}
@@ -134,7 +134,7 @@ def _cut_lines(stats: PackStats | None, tail: int) -> list[tuple[str, str]]:
 
 
 def build_preview(cfg: Config) -> Preview:
-    """The data of a run of ``cfg``, built as ``zerofit.inputs.build_inputs`` builds it."""
+    """The data of a run of ``cfg``, built as ``zerofit.train.inputs.build_inputs`` builds it."""
     d = cfg.data
     data = run_data(cfg)  # the ranks are not known here: no global-batch check
     rows = [r for r in (data.train, data.val) if len(r)]

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 import zerofit.data.formats as formats
+from zerofit.config.limits import shown
 from zerofit.data.sources import Record
 from zerofit.data.tokenizers import AnyTokenizer
 from zerofit.errors import UserError
-from zerofit.limits import shown
 
 
 @dataclass

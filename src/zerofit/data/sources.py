@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from zerofit.config.limits import shown
 from zerofit.errors import UserError
-from zerofit.limits import shown
 
 _SKIP_DIRS = frozenset(
     {"site-packages", "dist-packages", "test", "tests", "idlelib", "__pycache__"}

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from zerofit.config.limits import shown
 from zerofit.errors import UserError
-from zerofit.limits import shown
 from zerofit.models.init import hf_init, llama_init
 from zerofit.models.llama import Llama
 from zerofit.models.meta import meta_params
@@ -45,7 +45,7 @@ class ModelSpec:
     # read ({"format": "none", "reason": ...}); JSON-able, for the run's first lines and summary
     weights_source: dict[str, Any] | None = None
     # parameters that train (LoRA: the adapters), counted on the module before an engine shards it
-    # (``zerofit.inputs.build_inputs``); None: not counted
+    # (``zerofit.train.inputs.build_inputs``); None: not counted
     trainable_params: int | None = None
 
     @property

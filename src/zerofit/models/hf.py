@@ -19,8 +19,8 @@ from typing import Any
 
 from torch import nn
 
+from zerofit.config.limits import shown
 from zerofit.errors import UserError
-from zerofit.limits import shown
 from zerofit.models.hf_attention import NAME as VARLEN
 from zerofit.models.hf_attention import register as register_varlen
 from zerofit.models.hf_attention import varlen_refusal
@@ -68,7 +68,7 @@ def _find_blocks(module: nn.Module, block_names: set[str]) -> str:
     return fallback
 
 
-def _fingerprint(config: Any) -> dict:
+def fingerprint(config: Any) -> dict:
     raw = {k: v for k, v in config.to_dict().items() if k not in _NOT_ARCHITECTURE}
     return {"source": "hf", "config": json.loads(json.dumps(raw, sort_keys=True, default=str))}
 
@@ -240,7 +240,7 @@ def build_hf(
         vocab_size=int(config.vocab_size),
         max_seq_len=int(max_seq),
         shape=measure_shape(adapter, blocks),
-        fingerprint=_fingerprint(config),
+        fingerprint=fingerprint(config),
         head_fallback=fallback,
     )
     return adapter, info

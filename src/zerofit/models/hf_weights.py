@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from zerofit.config.limits import shown
 from zerofit.errors import UserError
-from zerofit.limits import shown
 from zerofit.models.hf import PREFIX
 from zerofit.models.hf_head import HFCausalLM
 from zerofit.models.llama import strip_wrapper_names

@@ -2,7 +2,7 @@
 
 An initialiser is ``init_(name, tensor, generator)``: it fills ``tensor``, the whole parameter
 called ``name`` (wrapper segments such as ``_checkpoint_wrapped_module`` allowed), in place, with
-randomness only from ``generator``. ``ModelSpec.init_param_`` is one; ``zerofit.parallelize``
+randomness only from ``generator``. ``ModelSpec.init_param_`` is one; ``zerofit.distributed.parallelize``
 (``full_param``, ``materialize_``) seeds a generator from the init seed and each parameter's name
 and calls it, so the weights do not depend on the sharding, the rank or the global RNG.
 

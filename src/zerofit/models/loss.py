@@ -20,7 +20,7 @@ from torch import nn
 IGNORE_INDEX = -100
 
 
-# Set by `zerofit.parallelize.apply_compile` (parallel.compile: true): each chunk's softmax and its
+# Set by `zerofit.distributed.parallelize.apply_compile` (parallel.compile: true): each chunk's softmax and its
 # gradient then run as one compiled kernel instead of half a dozen passes over fp32 logits.
 COMPILE_CHUNKS = False
 _compiled: dict[str, object] = {}

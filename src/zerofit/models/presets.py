@@ -6,8 +6,8 @@ import difflib
 import math
 from dataclasses import dataclass, fields, replace
 
+from zerofit.config.limits import shown
 from zerofit.errors import UserError
-from zerofit.limits import shown
 
 # Upper bounds of the integer fields: far above any real model, low enough that a typo cannot
 # ask for a model whose structure alone takes minutes to build (n_layers) or overflows int64.

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from zerofit.backends.catalog import DEFAULT_BACKEND
 from zerofit.config import Config, with_fields
+from zerofit.config.sizes import gib, memory_fraction
 from zerofit.errors import UserError
 from zerofit.models.shape import shape_from_config
 from zerofit.planner.memory import workload_for
 from zerofit.planner.plan import batch_splits, closest, near_limit, option_fields, plan, recommend
 from zerofit.planner.shape import Hardware, detect_hardware
-from zerofit.sizes import gib, memory_fraction
 
 
 def capped(hw: Hardware, limit: int | None) -> Hardware:
@@ -29,8 +30,8 @@ def capped(hw: Hardware, limit: int | None) -> Hardware:
 def resolve_auto(cfg: Config, world_size: int) -> Config:
     hw = detect_hardware()
     if hw is None:  # CPU processes on gloo: memory is host RAM, FSDP is the general answer
-        print("parallel.backend auto: no GPU, using fsdp", flush=True)
-        return with_fields(cfg, {"parallel.backend": "fsdp"})
+        print(f"parallel.backend auto: no GPU, using {DEFAULT_BACKEND}", flush=True)
+        return with_fields(cfg, {"parallel.backend": DEFAULT_BACKEND})
     hw = replace(
         hw,
         gpus_per_node=min(hw.gpus_per_node, world_size),

@@ -23,8 +23,8 @@ import difflib
 import re
 from dataclasses import dataclass
 
+from zerofit.config.limits import shown
 from zerofit.errors import UserError
-from zerofit.limits import shown
 
 MIB = 2**20
 LINK_EFFICIENCY = 2 / 3  # NCCL bus bandwidth / one-direction link peak

@@ -41,11 +41,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zerofit.backends import engine_of, get_engine
+from zerofit.backends.terms import BYTES, GIB, Adapters, EngineMemory, Workload
 from zerofit.config import compiles, resolve_precision
+from zerofit.config.schema import Config
+from zerofit.distributed.ac_blocks import checkpointed_blocks
 from zerofit.models.shape import ModelShape, shape_from_config
-from zerofit.parallelize import checkpointed_blocks
-from zerofit.planner.terms import BYTES, GIB, Adapters, EngineMemory, Workload
-from zerofit.schema import Config
 
 CUDA_CONTEXT = 600 * 2**20  # measured order of the CUDA context + cuBLAS workspace on Hopper
 FRAGMENTATION = 0.08  # reserved / allocated - 1 seen on steady training loops

@@ -35,14 +35,15 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from zerofit.backends import engines
+from zerofit.backends.catalog import RunConfig
+from zerofit.backends.terms import GIB, Workload
 from zerofit.config import compiles
+from zerofit.config.schema import Config
 from zerofit.errors import UserError
 from zerofit.models.shape import ModelShape
 from zerofit.planner.memory import CUDA_CONTEXT, FRAGMENTATION, Memory, Strategy, estimate
 from zerofit.planner.shape import Hardware
 from zerofit.planner.speed import Speed, predict
-from zerofit.planner.terms import GIB, Workload
-from zerofit.schema import Config
 
 HEADROOM = 0.10  # share of GPU memory kept free (see the module docstring)
 # `near_limit`: only the forecast's own error is kept free. Held-out peak-memory forecasts land
@@ -69,7 +70,7 @@ AC_MODES = ("none", "selective", "first_k", "full")
 
 def left_out(base: Config | None = None) -> dict[str, str]:
     """The engines that refuse `base` (their `validate` raises), each with its reason."""
-    cfg = base or Config()
+    cfg = base or RunConfig()
     out: dict[str, str] = {}
     for name, eng in engines().items():
         try:
@@ -83,7 +84,7 @@ def candidates(hw: Hardware, base: Config | None = None) -> list[Strategy]:
     """Every engine's option sets (on top of `base`'s sections), with each activation
     checkpointing mode and `base`'s parallel.compile; engines that refuse `base` (`left_out`)
     have none."""
-    cfg = base or Config()
+    cfg = base or RunConfig()
     refused = left_out(cfg)
     out: list[Strategy] = []
     for ac in AC_MODES:

@@ -10,9 +10,11 @@ import math
 import os
 import re
 from dataclasses import dataclass, replace
+from pathlib import Path
 
+from zerofit.config.limits import shown
+from zerofit.config.sizes import parse_size  # noqa: F401  re-exported: the plan command reads sizes
 from zerofit.errors import UserError
-from zerofit.limits import shown
 from zerofit.models.shape import (  # noqa: F401  re-exported until the planner imports models.shape
     ModelShape,
     shape_from_config,
@@ -20,7 +22,6 @@ from zerofit.models.shape import (  # noqa: F401  re-exported until the planner 
     shape_from_preset,
 )
 from zerofit.planner.gpus import GPU, gpu_named
-from zerofit.sizes import parse_size  # noqa: F401  re-exported: the plan command reads sizes
 
 MAX_COUNT = 10**9  # the largest count a flag takes (GPUs, layers, tokens, ...)
 
@@ -83,17 +84,33 @@ def host_ram() -> int | None:
     return ram if ram > 0 else None
 
 
+def visible_gpus() -> int:
+    """How many NVIDIA GPUs this process may use, without importing torch: the driver's list
+    (/proc/driver/nvidia/gpus), narrowed by CUDA_VISIBLE_DEVICES where it is set."""
+    proc = Path("/proc/driver/nvidia/gpus")
+    present = len(list(proc.iterdir())) if proc.is_dir() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not present:
+        return present
+    ids = [v for v in visible.split(",") if v.strip()]
+    if any(v.strip().startswith("-") for v in ids):  # "-1": none; ids after a bad one are hidden
+        ids = ids[: next(i for i, v in enumerate(ids) if v.strip().startswith("-"))]
+    return min(len(ids), present)
+
+
 def detect_hardware() -> Hardware | None:
     """This machine's GPUs, host RAM and disk, or None without a GPU. A card in the table of
     ``zerofit.planner.gpus`` brings its peak and bandwidths; another one its peak as the trainer's
     MFU knows it, else Hopper's (``gpu_from`` says so)."""
+    if not visible_gpus():  # asked of the driver: no torch import on a machine without a GPU
+        return None
     import torch  # here: the planner imports without torch, detecting the GPU needs it
 
     if not torch.cuda.is_available():
         return None
     import shutil
 
-    from zerofit.metrics import peak_flops
+    from zerofit.report.metrics import peak_flops
 
     props, name = torch.cuda.get_device_properties(0), torch.cuda.get_device_name(0)
     ram = host_ram()

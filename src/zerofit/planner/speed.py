@@ -50,10 +50,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from zerofit.backends.terms import Workload
 from zerofit.models.shape import ModelShape
 from zerofit.planner.memory import Strategy
 from zerofit.planner.shape import Hardware
-from zerofit.planner.terms import Workload
 
 WIDTH_GAIN = 0.24  # per doubling of the hidden size
 OVERLAP = 0.8

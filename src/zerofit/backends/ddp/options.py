@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic.dataclasses import dataclass
 
-from zerofit.fields import SECTION
+from zerofit.config.fields import SECTION
 
 
 @dataclass(config=SECTION)

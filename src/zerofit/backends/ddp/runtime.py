@@ -9,11 +9,11 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from zerofit import fp8
 from zerofit.backends.base import materialize_from_spec
 from zerofit.backends.torch_common import TorchBackend, build_adamw, cast_frozen_, trainable
+from zerofit.distributed import fp8 as fp8
+from zerofit.distributed.parallelize import apply_ac, apply_compile, get_blocks
 from zerofit.models import ModelSpec
-from zerofit.parallelize import apply_ac, apply_compile, get_blocks
 
 
 class DDPBackend(TorchBackend):

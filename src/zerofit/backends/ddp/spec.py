@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from zerofit.backends.ddp.options import DDPOptions
 from zerofit.backends.engine import Engine
-from zerofit.planner.terms import EngineMemory, Traffic, Workload
+from zerofit.backends.terms import EngineMemory, Traffic, Workload
 
 if TYPE_CHECKING:
     from zerofit.models.shape import ModelShape

@@ -15,6 +15,7 @@ Layouts (the same arithmetic DeepSpeed's ``zero_to_fp32`` uses):
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 from dataclasses import dataclass
@@ -35,6 +36,28 @@ from torch.futures import Future
 
 from zerofit.checkpoint.neutral import MODEL, MOMENTS, OPTIM
 from zerofit.checkpoint.safe_load import UnsafeCheckpointError, load_torch_file
+
+
+def ds_safe_globals() -> list[Any]:
+    """Plain-data classes DeepSpeed pickles into its checkpoint files (none of them runs code)."""
+    found: list[Any] = []
+    for module, names in (
+        ("deepspeed.runtime.fp16.loss_scaler", ("LossScaler", "DynamicLossScaler")),
+        ("deepspeed.runtime.zero.config", ("ZeroStageEnum",)),
+        ("deepspeed.utils.tensor_fragment", ("fragment_address",)),
+    ):
+        try:  # DeepSpeed is optional: a ZeRO checkpoint is readable without it
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        found += [getattr(mod, n) for n in names if hasattr(mod, n)]
+    return found
+
+
+def load_ds_file(path: str | Path, map_location: Any = "cpu", mmap: bool = True) -> Any:
+    """A DeepSpeed checkpoint file, read by `load_torch_file` with DeepSpeed's records allowed."""
+    return load_torch_file(path, map_location, mmap, allowed=ds_safe_globals())
+
 
 _OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
 
@@ -57,7 +80,7 @@ def _group_step(state: dict, groups: list[dict], g: int) -> float:
 
 
 def _read_rank(path: Path) -> tuple[_Rank, int]:
-    sd = load_torch_file(path)
+    sd = load_ds_file(path)
     try:
         osd = sd["optimizer_state_dict"]
         stage = int(osd["zero_stage"])
@@ -132,7 +155,7 @@ class ZeroCheckpointReader(StorageReader):
         if model_file is None:
             raise UnsafeCheckpointError(f"{self.dir} has no DeepSpeed model-states file")
         try:
-            states = load_torch_file(model_file)
+            states = load_ds_file(model_file)
             groups = states["param_shapes"]
             self.shapes = [{n: tuple(s) for n, s in g.items()} for g in groups]
         except (KeyError, TypeError, AttributeError) as e:
@@ -161,7 +184,7 @@ class ZeroCheckpointReader(StorageReader):
                 if not shapes:
                     return {}
                 files = [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(self.world)]
-                parts = [load_torch_file(self.dir / f)["frozen_param_fragments"] for f in files]
+                parts = [load_ds_file(self.dir / f)["frozen_param_fragments"] for f in files]
                 return {n: _Frozen(tuple(s), [p[n] for p in parts]) for n, s in shapes.items()}
             found = states.get("frozen_param_fragments")
             if not found:

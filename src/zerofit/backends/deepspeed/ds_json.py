@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.config import Config, compiles, deep_merge, explicit_keys, get_field, with_fields
+from zerofit.config.limits import shown
 from zerofit.errors import UserError
-from zerofit.limits import shown
 
 _MISSING = object()
 SKIP = object()  # from_ds result: this JSON value says nothing about the zerofit field

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic.dataclasses import dataclass
 
-from zerofit.fields import SECTION, Bool, Int, NoBool, Positive, Share, Str, doc
+from zerofit.config.fields import SECTION, Bool, Int, NoBool, Positive, Share, Str, doc
 
 _ELEMENTS = {"ge": 1, "le": 2**40}  # bucket sizes, in elements
 _COUNT = {"ge": 0, "le": 2**40}

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from zerofit.backends.base import Backend, Gate, materialize_from_spec
+from zerofit.backends.deepspeed.checkpoint import load_ds_file
 from zerofit.backends.deepspeed.ds_json import to_ds_json
 from zerofit.backends.torch_common import param_groups
 from zerofit.checkpoint.neutral import (
@@ -29,19 +30,18 @@ from zerofit.checkpoint.neutral import (
     checkpoint_error,
     open_reader,
 )
-from zerofit.checkpoint.safe_load import load_torch_file
-from zerofit.errors import UserError
-from zerofit.faults.nonfinite import StepResult
-from zerofit.faults.stale_locks import clear_and_report
-from zerofit.models import ModelSpec
-from zerofit.models.llama import strip_wrapper_names
-from zerofit.parallelize import (
+from zerofit.distributed.parallelize import (
     apply_ac,
     apply_compile,
     apply_compile_forward,
     full_param,
     get_blocks,
 )
+from zerofit.errors import UserError
+from zerofit.faults.nonfinite import StepResult
+from zerofit.faults.stale_locks import clear_and_report
+from zerofit.models import ModelSpec
+from zerofit.models.llama import strip_wrapper_names
 
 
 def _deepspeed():  # noqa: ANN202 - the module, imported late: it is an optional extra
@@ -157,7 +157,7 @@ class DeepSpeedBackend(Backend):
         if not self._native(saved):
             return super().check_restorable(path, saved)
         for file in sorted(path.glob("*.pt")):  # what DeepSpeed's loader may open, weights-only
-            load_torch_file(file)
+            load_ds_file(file)
 
     def restore(self, path: Path, saved: dict) -> None:
         """DeepSpeed's own loader for its own layout (every file it opens read weights-only);
@@ -166,7 +166,9 @@ class DeepSpeedBackend(Backend):
             if self._native(saved):
                 self._load_native(path)
             else:
-                self._load_neutral(NeutralView(open_reader(path, saved["format"]), path.parent))
+                self._load_neutral(
+                    NeutralView(open_reader(path, saved["format"], self.readers), path.parent)
+                )
         except UserError:
             raise
         except READ_ERRORS as e:  # one line, naming the checkpoint
@@ -174,7 +176,7 @@ class DeepSpeedBackend(Backend):
 
     def _load_native(self, path: Path) -> None:
         engine = self.model
-        engine.checkpoint_engine.load = lambda file, map_location=None: load_torch_file(
+        engine.checkpoint_engine.load = lambda file, map_location=None: load_ds_file(
             file, map_location, mmap=False
         )
         loaded, _ = engine.load_checkpoint(

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic.dataclasses import dataclass
 
-from zerofit.fields import SECTION, Bool, Int, doc
+from zerofit.config.fields import SECTION, Bool, Int, doc
 
 
 @dataclass(config=SECTION)

@@ -9,12 +9,13 @@ from pathlib import Path
 import torch
 from torch.distributed.fsdp import FSDPModule
 
-from zerofit import fp8
 from zerofit.backends.base import Gate, materialize_from_spec
+from zerofit.backends.fsdp.sharding import apply_fsdp
 from zerofit.backends.torch_common import TorchBackend, build_adamw, cast_frozen_
+from zerofit.distributed import fp8 as fp8
+from zerofit.distributed.parallelize import apply_ac, apply_compile, get_blocks
 from zerofit.faults.nonfinite import StepResult
 from zerofit.models import ModelSpec
-from zerofit.parallelize import apply_ac, apply_compile, apply_fsdp, get_blocks
 
 
 class FSDPBackend(TorchBackend):

@@ -5,7 +5,7 @@ runtime:
 - Every micro-batch (`OffloadTime.micro_batch`): the sharded parameters live in host RAM in their
   stored dtype and are copied to the GPU before each all-gather, then cast (`FSDPParam.
   all_gather_inputs`): every block in forward and again in backward, but the last block (not
-  resharded after forward, `parallelize.apply_fsdp`) and the root (FSDP2 keeps the root unsharded
+  resharded after forward, `sharding.apply_fsdp`) and the root (FSDP2 keeps the root unsharded
   after forward) once.
 - Gradients: zerofit syncs them on the last micro-batch only (`set_requires_gradient_sync`), so
   between syncs each rank accumulates the unsharded gradients on the GPU in the reduce dtype
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from zerofit.backends.engine import Engine
 from zerofit.backends.fsdp.options import FSDPOptions
+from zerofit.backends.terms import EngineMemory, OffloadTime, Traffic, Workload
 from zerofit.errors import UserError
-from zerofit.planner.terms import EngineMemory, OffloadTime, Traffic, Workload
 
 if TYPE_CHECKING:
     from zerofit.config import Config

@@ -1,0 +1,162 @@
+"""Model transforms, applied in torchtitan's order: AC -> compile -> per-block shard -> root.
+
+Each `apply_*` takes explicit arguments (no config object), so it can be used on its own.
+`materialize_` then allocates the (possibly sharded) parameters on the real device and fills them
+with a deterministic, sharding-independent init: every parameter is generated in full from its own
+seed (derived from the init seed and its name) and each rank keeps only its shard. No rank ever
+holds more than one full parameter at a time.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from zerofit.distributed.ac_blocks import checkpointed_blocks
+from zerofit.models import loss
+from zerofit.models.llama import strip_wrapper_names
+from zerofit.models.meta import allocate_
+
+
+def get_blocks(model: nn.Module, blocks_path: str) -> nn.ModuleList:
+    blocks = model.get_submodule(blocks_path)
+    assert isinstance(blocks, nn.ModuleList), f"{blocks_path} is not a ModuleList"
+    return blocks
+
+
+def _save_matmuls_policy(ctx: object, op: object, *args: object, **kwargs: object) -> object:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _saved_ops() -> set[object]:
+    aten = torch.ops.aten
+    names = [
+        "mm",
+        "addmm",
+        "bmm",
+        "_scaled_mm",  # precision.fp8's float8 matmuls
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    ]
+    return {getattr(aten, n).default for n in names if hasattr(aten, n)}
+
+
+_SAVED_OPS = _saved_ops()
+
+
+def apply_ac(blocks: nn.ModuleList, mode: str, every: int = 2, first: int | None = None) -> int:
+    """Activation checkpointing. 'full' recomputes every block, 'every_k' every `every`-th block,
+    'first_k' the first `first` blocks (Megatron's "block" method: backward reaches the later
+    blocks first, so their saved activations are freed while few gradients exist yet);
+    'selective' (op-level, as torchtitan's) keeps the outputs of matmuls and attention and recomputes
+    only the cheap ops between them (norms, RoPE, SiLU, products). Returns the blocks wrapped."""
+    chosen = checkpointed_blocks(mode, len(blocks), every, first)
+    kwargs: dict = {}
+    if mode == "selective":
+        from functools import partial
+
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _save_matmuls_policy)
+    for i in chosen:
+        blocks[i] = checkpoint_wrapper(blocks[i], preserve_rng_state=False, **kwargs)
+    return len(chosen)
+
+
+def apply_compile(blocks: nn.ModuleList) -> None:
+    """torch.compile each block separately: one graph per block, reused across identical blocks.
+    The fused output layer's per-chunk softmax and gradient are compiled too (`models.loss`)."""
+    loss.COMPILE_CHUNKS = True
+    for i, block in enumerate(list(blocks)):
+        blocks[i] = torch.compile(block, fullgraph=True)
+
+
+def apply_compile_forward(blocks: nn.ModuleList) -> None:
+    """torch.compile each block's own forward only, leaving `block(...)` (and so every forward
+    hook) eager: for engines whose hooks gather parameters and must not be traced (ZeRO-3).
+
+    Blocks may differ in what Dynamo guards on (ZeRO-3 parameter state), so the recompile limit
+    is raised to one graph per block rather than failing at PyTorch's default of 8."""
+    import torch._dynamo.config as dynamo_config
+
+    loss.COMPILE_CHUNKS = True
+    limit = len(blocks) + 8
+    for name in ("recompile_limit", "cache_size_limit"):  # renamed in recent PyTorch
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), limit))
+    wrapped = any(hasattr(block, "_checkpoint_wrapped_module") for block in blocks)
+    if wrapped and torch.cuda.is_available():
+        # A compiled region inside activation checkpointing fails on torch 2.11 while CUDA
+        # allocations are recorded (pytorch/pytorch#179536, whose repro records them; ZeRO-3 + AC
+        # + compile on the H200, 2026-12-03): such a run records none (an OOM report then has
+        # no snapshot).
+        torch.cuda.memory._record_memory_history(enabled=None)
+    for block in blocks:
+        inner = getattr(block, "_checkpoint_wrapped_module", block)
+        inner.forward = torch.compile(inner.forward, fullgraph=True)  # type: ignore[method-assign]
+
+
+def param_seed(init_seed: int, name: str) -> int:
+    return (init_seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+
+
+def full_param(
+    name: str,
+    shape: tuple[int, ...] | torch.Size,
+    device: torch.device,
+    *,
+    init_seed: int,
+    init_param_: Callable[[str, torch.Tensor, torch.Generator], None],
+    weights: Callable[[str], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """One parameter's full fp32 value: from disk, or generated from its own name-derived seed
+    (also when ``weights`` answers None: not on disk, e.g. a LoRA adapter)."""
+    bare = strip_wrapper_names(name)
+    full = torch.empty(tuple(shape), dtype=torch.float32, device=device)
+    loaded = weights(bare) if weights is not None else None
+    if loaded is not None:
+        full.copy_(loaded)
+    else:
+        gen = torch.Generator(device=device).manual_seed(param_seed(init_seed, bare))
+        init_param_(bare, full, gen)
+    return full
+
+
+def materialize_(
+    model: nn.Module,
+    device: torch.device,
+    *,
+    init_seed: int,
+    init_param_: Callable[[str, torch.Tensor, torch.Generator], None],
+    weights: Callable[[str], torch.Tensor] | None = None,
+) -> None:
+    """Allocate meta parameters on `device` and fill them (weights from disk, else seeded init)."""
+    allocate_(model, device)
+    gen_device = device if device.type == "cuda" else torch.device("cpu")
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            full = full_param(
+                name,
+                param.shape,
+                gen_device,
+                init_seed=init_seed,
+                init_param_=init_param_,
+                weights=weights,
+            )
+            if isinstance(param, DTensor):
+                local = distribute_tensor(
+                    full, param.device_mesh, param.placements, src_data_rank=None
+                )
+                param.to_local().copy_(local.to_local())
+            else:
+                param.copy_(full)
+            del full

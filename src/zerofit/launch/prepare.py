@@ -1,0 +1,178 @@
+"""Run preparation (all input checks happen here, before any worker starts) and process launch.
+
+`zerofit train` starts its own workers through torch.distributed.run (N GPUs, or N gloo CPU
+processes); under an external torchrun or srun it joins that process group instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from zerofit import checkpoint as ckpt
+from zerofit.checkpoint import compat
+from zerofit.config import Config, explicit_keys, save_config
+from zerofit.config.limits import shown
+from zerofit.errors import UserError
+from zerofit.report.metrics import truncate_metrics
+
+
+@dataclass
+class LaunchOptions:
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_backend: str = "static"
+    resume: str | None = None  # None: fresh run; "latest": newest checkpoint; or a path
+
+
+@dataclass
+class PreparedRun:
+    cfg: Config
+    run_dir: Path
+    config_file: Path
+    resume_from: Path | None
+
+
+def default_nproc() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def check_nproc(nproc: int) -> None:
+    if nproc < 1:
+        raise UserError(f"--nproc must be >= 1, got {nproc}")
+    if torch.cuda.is_available() and nproc > torch.cuda.device_count():
+        raise UserError(f"--nproc {nproc} but only {torch.cuda.device_count()} GPU(s) are visible")
+
+
+def ensure_writable_dir(path: Path, what: str) -> None:
+    """Create ``path`` and prove it takes a file, now rather than at the first save."""
+    shown = str(path)[:200] + ("..." if len(str(path)) > 200 else "")
+    if "\x00" in str(path):
+        raise UserError(f"{what}: the path contains a NUL byte: {shown!r}")
+    try:
+        if path.exists() and not path.is_dir():
+            raise UserError(f"{what}: {shown} exists and is not a directory")
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".zerofit-write-test-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except (OSError, RecursionError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+        raise UserError(f"{what}: {shown} is not a writable directory ({why})") from None
+
+
+def _find_resume(cfg: Config, resume: str) -> tuple[Path, Path, dict, list[str]]:
+    """(run_dir, checkpoint, its meta, skip notes) for --resume [PATH].
+
+    A checkpoint named explicitly must verify; otherwise the newest one that verifies is taken,
+    with one note per newer checkpoint skipped as damaged."""
+    if resume != "latest":
+        path = Path(resume)
+        if not path.exists():
+            raise UserError(f"--resume: no such checkpoint or run directory: {path}")
+        if (path / "model").is_dir() or (path / "meta.json").exists():  # <run>/checkpoints/step_N
+            run_dir = Path(cfg.log.run_dir) if cfg.log.run_dir else path.parent.parent
+            return run_dir, path, ckpt.verify(path), []
+        return (path, *ckpt.select_checkpoint(ckpt.checkpoint_root(cfg.checkpoint.dir, path)))
+    if cfg.log.run_dir:
+        run_dir = Path(cfg.log.run_dir)
+        return (run_dir, *ckpt.select_checkpoint(ckpt.checkpoint_root(cfg.checkpoint.dir, run_dir)))
+    runs = sorted(
+        (p for p in Path("runs").glob("*") if ckpt.step_dirs(p / "checkpoints")),
+        key=lambda p: p.stat().st_mtime,
+    )
+    if not runs:
+        raise UserError(
+            "--resume: no run with a checkpoint under runs/; pass a path or set log.run_dir"
+        )
+    return (runs[-1], *ckpt.select_checkpoint(runs[-1] / "checkpoints"))
+
+
+def _new_run_dir(cfg: Config) -> Path:
+    if cfg.log.run_dir:
+        run_dir = Path(cfg.log.run_dir)
+        if (run_dir / "config.yaml").exists():
+            raise UserError(
+                f"run directory {shown(run_dir, quote=False)} already holds a run; pass --resume or choose another log.run_dir"
+            )
+        return run_dir
+    base = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    run_dir, n = base, 1
+    while run_dir.exists():
+        run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return run_dir
+
+
+def _expand_user(cfg: Config) -> Config:
+    """`~` in log.run_dir and checkpoint.dir, as data.source and data.tokenizer already do."""
+    run_dir, ck = cfg.log.run_dir, cfg.checkpoint.dir
+    return replace(
+        cfg,
+        log=replace(cfg.log, run_dir=os.path.expanduser(run_dir) if run_dir else run_dir),
+        checkpoint=replace(cfg.checkpoint, dir=os.path.expanduser(ck) if ck else ck),
+    )
+
+
+def prepare_run(
+    cfg: Config, opts: LaunchOptions, world_size: int, device_type: str, create: bool = True
+) -> PreparedRun:
+    """Every check that can fail on user input, then the run directory and its resolved config."""
+    from zerofit.launch.resolve import resolve
+    from zerofit.train.inputs import (  # torch-heavy imports
+        build_inputs,
+        checkpoint_meta,
+        make_loader,
+        resolve_steps,
+    )
+
+    steps_given = "train.steps" in explicit_keys(cfg)  # lost by the replace()s below
+    cfg = resolve(_expand_user(cfg), world_size, device_type)
+    inputs = build_inputs(cfg, world_size)  # raises if the data cannot fill one global batch
+    cfg, data_note = resolve_steps(cfg, inputs.data, world_size, steps_given)  # train.epochs
+    make_loader(cfg, inputs.data, 0, world_size)
+    resume_from = None
+    if opts.resume:
+        run_dir, resume_from, saved, notes = _find_resume(cfg, opts.resume)
+        current = checkpoint_meta(cfg, inputs.spec, world_size)
+        notes += compat.check(resume_from, saved, current, cfg.optim)
+        step = saved["step"]
+        if step >= cfg.train.steps:
+            raise UserError(
+                f"checkpoint {resume_from} is at step {step}; raise train.steps above it to continue"
+            )
+        if create:
+            dropped = truncate_metrics(run_dir, step)
+            if dropped:
+                notes.append(
+                    f"metrics.jsonl: {dropped} record(s) after step {step} moved to metrics.abandoned.jsonl"
+                )
+        for line in [f"resuming from {resume_from} (step {step})", *notes]:
+            print(f"note: {line}", file=sys.stderr, flush=True)
+        # A new run directory gets its config.yaml (export and doctor read it); a resumed one
+        # keeps the original beside each resume's.
+        fresh = not (run_dir / "config.yaml").exists()
+        name = "config.yaml" if fresh else f"config.resume-{step:08d}.yaml"
+    elif not create and cfg.log.run_dir:  # another node of a multi-node run: node 0 owns the dir
+        run_dir = Path(cfg.log.run_dir)
+        name = "config.yaml"
+    else:
+        run_dir = _new_run_dir(cfg)
+        name = "config.yaml"
+    cfg = replace(cfg, log=replace(cfg.log, run_dir=str(run_dir)))
+    if create:
+        ensure_writable_dir(run_dir, "log.run_dir")
+        ensure_writable_dir(ckpt.checkpoint_root(cfg.checkpoint.dir, run_dir), "checkpoint.dir")
+        config_file = run_dir / name
+    else:  # a non-zero node of a multi-node run: keep the resolved config local
+        config_file = Path(tempfile.mkdtemp(prefix="zerofit-")) / name
+    save_config(cfg, config_file)
+    if data_note:  # last: a refused run prints nothing but its error line
+        print(f"note: {data_note}", file=sys.stderr, flush=True)
+    return PreparedRun(cfg, run_dir, config_file, resume_from)

@@ -1,0 +1,40 @@
+"""`resolve(cfg, world_size, device_type)`: everything about a config that depends on where it runs.
+
+It runs once, in the launcher (or, under an external torchrun/srun, in each joining process before
+anything else), and its result is saved as the run's config.yaml; workers trust that file. Order:
+- `parallel.compile: auto` becomes true on CUDA, false on CPU;
+- `parallel.backend: auto` becomes the planner's pick for this machine;
+- `precision.mode: auto` and the unset dtypes become explicit (bf16 on GPU, fp32 on CPU);
+- the engine resolves its own section (DeepSpeed merges a user's ds_config.json);
+- the batch arithmetic and the engine's mesh are checked against the world size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from zerofit.backends import engine_of
+from zerofit.config import check_world, compiles, resolve_precision
+from zerofit.config.schema import Config
+
+
+def resolve(cfg: Config, world_size: int, device_type: str) -> Config:
+    cfg = replace(cfg, parallel=replace(cfg.parallel, compile=compiles(cfg.parallel, device_type)))
+    if cfg.parallel.backend == "auto":
+        from zerofit.planner.auto import resolve_auto
+
+        cfg = resolve_auto(cfg, world_size)
+    cfg = replace(cfg, precision=resolve_precision(cfg.precision, device_type))
+    engine = engine_of(cfg)
+    cfg = engine.prepare(cfg, world_size, device_type)
+    check_world(cfg, world_size)
+    engine.check_world(engine.opts(cfg), world_size)
+    return cfg
+
+
+def mesh_replicas(cfg: Config) -> int:
+    """Replicas on the outer mesh dim before the config is resolved (`auto`: one, for now)."""
+    if cfg.parallel.backend == "auto":
+        return 1
+    engine = engine_of(cfg)
+    return engine.replicas(engine.opts(cfg))
