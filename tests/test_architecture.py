@@ -13,9 +13,11 @@ called on such a string (`test_dynamic_imports_are_visible`).
 from __future__ import annotations
 
 import ast
+import io
 import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -219,14 +221,20 @@ def engine_name_strings(path: Path) -> list[str]:
     """String constants (docstrings aside) naming an engine: comparisons, defaults, messages."""
     tree = ast.parse(path.read_text())
     docs = _docstrings(tree)
-    return [
-        f"{path.relative_to(SRC)}:{node.lineno}: {node.value[:60]!r}"
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant)
-        and isinstance(node.value, str)
-        and id(node) not in docs
-        and ENGINE_NAME.search(node.value)
-    ]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            text = node.value
+        elif isinstance(node, ast.Attribute):  # cfg.parallel.fsdp
+            text = node.attr
+        elif isinstance(node, ast.Import | ast.ImportFrom):  # import deepspeed
+            text = " ".join([getattr(node, "module", None) or "", *(a.name for a in node.names)])
+            text = text.strip()
+        else:
+            continue
+        if ENGINE_NAME.search(text.split("zerofit.backends")[0]):
+            found.append(f"{path.relative_to(SRC)}:{node.lineno}: {text[:60]!r}")
+    return found
 
 
 def test_engine_names_appear_only_inside_the_engines() -> None:
@@ -244,11 +252,14 @@ def test_engine_names_appear_only_inside_the_engines() -> None:
 def test_the_engine_name_finder_finds_them(tmp_path: Path) -> None:
     probe = SRC / "zerofit" / "_probe_engine_names.py"
     try:
-        probe.write_text('"""fsdp in a docstring is prose."""\nX = {"backend": "fsdp"}\n')
+        probe.write_text(
+            '"""fsdp in a docstring is prose."""\nimport deepspeed\n'
+            'X = {"backend": "fsdp"}\nY = cfg.parallel.ddp\n'
+        )
         found = engine_name_strings(probe)
     finally:
         probe.unlink()
-    assert len(found) == 1 and "'fsdp'" in found[0]
+    assert sorted(f.split(": ", 1)[1] for f in found) == ["'ddp'", "'deepspeed'", "'fsdp'"], found
 
 
 def test_no_private_name_is_imported_across_modules() -> None:
@@ -334,3 +345,125 @@ def test_one_version_number() -> None:
     )
     assert out.stdout.strip() == f"zerofit {declared}", out.stderr[-500:]
     assert not re.search(r"__version__\s*=\s*['\"]\d", (PACKAGE / "__init__.py").read_text())
+
+
+# ----------------------------------------------------------------------------- typed boundaries
+
+BOUNDARY_NAMES = {"cfg", "config", "opts", "options", "prep"}  # a config, options, a prepared run
+TYPING_UNIONS = {"Optional", "Union", "typing.Optional", "typing.Union"}
+
+
+def _comment_lines(text: str) -> tuple[set[int], set[int]]:
+    """Lines holding a comment, and lines holding nothing else (tokenize: a '#' in a string is
+    no comment)."""
+    anywhere, alone = set(), set()
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            anywhere.add(tok.start[0])
+            if not tok.line[: tok.start[1]].strip():
+                alone.add(tok.start[0])
+    return anywhere, alone
+
+
+def unexplained_local_imports(path: Path) -> list[str]:
+    """Imports inside a function with no comment on their first or last line, nor on a line of
+    its own just above: a late import says why (an optional dependency, a torch-free path)."""
+    text = path.read_text()
+    commented, comment_only = _comment_lines(text)
+    found, seen = [], set()
+    for fn in ast.walk(ast.parse(text)):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Import | ast.ImportFrom) and node.lineno not in seen:
+                seen.add(node.lineno)
+                said = {node.lineno, node.end_lineno or node.lineno} & commented
+                if not said and node.lineno - 1 not in comment_only:
+                    found.append(f"{path.name}:{node.lineno} in {fn.name}: {ast.unparse(node)}")
+    return found
+
+
+def test_every_function_local_import_says_why() -> None:
+    offenders = [line for path in PACKAGE.rglob("*.py") for line in unexplained_local_imports(path)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_local_import_finder_finds_them(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import os\n\n\n"
+        "def f():\n"
+        "    import json\n"
+        "    import torch  # torch-free path: the CLI imports this module\n"
+        "    # optional: deepspeed\n"
+        "    import deepspeed\n"
+        "    from a import (  # optional: a\n        b,\n    )\n"
+        "    from c import (\n        d,\n    )  # optional: c\n"
+        '    x = "# not a comment"; import yaml\n'
+        "    from e import (\n        f,\n    )\n\n"
+        "    def inner():\n        import re\n"
+    )
+    found = [line.split(": ", 1)[1] for line in unexplained_local_imports(probe)]
+    assert found == ["import json", "import yaml", "from e import f", "import re"], found
+
+
+def _is_any(annotation: ast.expr | None) -> bool:
+    """`Any` itself, or `Any` as one member of a union (`Any | None`, `Optional[Any]`); not
+    `Mapping[str, Any]`, which says what the thing is."""
+    node = annotation
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a quoted annotation
+        node = ast.parse(node.value, mode="eval").body
+    if isinstance(node, ast.Name | ast.Attribute):
+        return ast.unparse(node) in ("Any", "typing.Any")
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _is_any(node.left) or _is_any(node.right)
+    if isinstance(node, ast.Subscript) and ast.unparse(node.value) in TYPING_UNIONS:
+        members = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        return any(_is_any(m) for m in members)
+    return False
+
+
+def untyped_boundaries(path: Path) -> list[str]:
+    """Parameters and attributes named for a config, options or a prepared run (`cfg`, `config`,
+    `opts`, `options`, `prep`) that are annotated `Any`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        named: list[tuple[str, ast.expr | None, int]] = []
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+            named = [(p.arg, p.annotation, p.lineno) for p in params if p is not None]
+        elif isinstance(node, ast.AnnAssign):  # a dataclass field, `self.cfg: ...`, a local
+            target = node.target
+            name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+            named = [(name, node.annotation, node.lineno)]
+        found += [
+            f"{path.name}:{line} {name}"
+            for name, annotation, line in named
+            if name in BOUNDARY_NAMES and _is_any(annotation)
+        ]
+    return found
+
+
+def test_configs_options_and_prepared_runs_are_typed() -> None:
+    """No `Any` for a run's config, its options (an engine's, the launcher's) or its prepared
+    run: `Config`, `LaunchOptions`, an engine's options dataclass, `PreparedRun`; a Hugging Face
+    config is a `transformers.PretrainedConfig`."""
+    offenders = [line for path in PACKAGE.rglob("*.py") for line in untyped_boundaries(path)]
+    assert not offenders, offenders
+
+
+def test_the_untyped_boundary_finder_finds_them(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from typing import Any, Mapping, Optional\n\n\n"
+        "def f(cfg: Any, opts: Any | None, x: Any, hf: Any, config: Mapping[str, Any]) -> Any:\n"
+        "    prep: Any = None\n"
+        "    self.options: Optional[Any] = None\n\n\n"
+        "class C:\n"
+        '    config: "Any"\n'
+        "    cfg: Config\n\n"
+        "    def g(self, *opts: int, **options: Any) -> None: ...\n"
+    )
+    found = [line.split(" ", 1)[1] for line in untyped_boundaries(probe)]
+    assert sorted(found) == ["cfg", "config", "options", "options", "opts", "prep"], found

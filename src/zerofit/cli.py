@@ -14,6 +14,8 @@ import sys
 import threading
 
 from zerofit import __version__
+from zerofit.commands import modules
+from zerofit.config.limits import shown
 from zerofit.errors import UserError
 
 
@@ -22,8 +24,6 @@ def split_overrides(rest: list[str]) -> list[str]:
 
     Each `--section.key` names a field under a section; whether the config file has a mapping
     there is checked when they are merged (`zerofit.config.load_config`)."""
-    from zerofit.config.limits import shown
-
     out, i = [], 0
     while i < len(rest):
         tok = rest[i]
@@ -43,8 +43,6 @@ def split_overrides(rest: list[str]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from zerofit.commands import modules
-
     parser = argparse.ArgumentParser(
         prog="zerofit",
         description="Train LLMs with FSDP2, DeepSpeed ZeRO or DDP behind one config.",

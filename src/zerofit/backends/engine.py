@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from zerofit.backends.terms import EngineMemory, OffloadTime, Traffic, Workload
 
@@ -22,10 +22,12 @@ if TYPE_CHECKING:
     from zerofit.models.shape import ModelShape
     from zerofit.planner.shape import Hardware
 
+OptionsT = TypeVar("OptionsT")  # an engine's options: its `parallel.<name>` dataclass
 
-class Engine:
+
+class Engine(Generic[OptionsT]):
     name: ClassVar[str]
-    options: ClassVar[type]  # the dataclass of `parallel.<name>`
+    options: type[OptionsT]  # the dataclass of `parallel.<name>` (a class attribute)
     runtime_module: ClassVar[str]  # where its Backend lives (imports torch)
     checkpoint_format: ClassVar[str] = "dcp"
     # The package this engine runs on beyond torch (its version goes into benchmark records).
@@ -46,11 +48,11 @@ class Engine:
 
     # ------------------------------------------------------------------ config
 
-    def opts(self, cfg: Config) -> Any:
+    def opts(self, cfg: Config) -> OptionsT:
         """This engine's section of a config."""
         return getattr(cfg.parallel, self.name)
 
-    def check_options(self, opts: Any) -> None:
+    def check_options(self, opts: OptionsT) -> None:
         """Refuse, at config load, a value in this engine's section that no run could use (a path
         the OS would refuse), whichever engine the run picks."""
 
@@ -63,10 +65,10 @@ class Engine:
         `cfg.precision` is already resolved."""
         return cfg
 
-    def check_world(self, opts: Any, world_size: int) -> None:
+    def check_world(self, opts: OptionsT, world_size: int) -> None:
         """Refuse a world size this engine's options cannot use."""
 
-    def replicas(self, opts: Any) -> int:
+    def replicas(self, opts: OptionsT) -> int:
         """Replicas on the outer dim of the device mesh (hybrid sharding), else 1."""
         return 1
 
@@ -90,37 +92,39 @@ class Engine:
 
     # ------------------------------------------------------------------ planner
 
-    def candidates(self, base: Any, nodes: int, nvme: bool) -> list[Any]:
+    def candidates(self, base: OptionsT, nodes: int, nvme: bool) -> list[OptionsT]:
         """The option sets `zerofit plan` compares on `nodes` nodes (with NVMe space or not),
         varied from `base`, the config's own section (its other settings are kept)."""
         return [base]
 
-    def tunings(self, opts: Any) -> list[Any]:
+    def tunings(self, opts: OptionsT) -> list[OptionsT]:
         """Variants of one candidate that the planner chooses between for a fixed global batch
         (it takes the fastest that fits); `[opts]` when there is nothing to tune."""
         return [opts]
 
-    def label(self, opts: Any) -> str:
+    def label(self, opts: OptionsT) -> str:
         raise NotImplementedError
 
-    def memory(self, m: ModelShape, w: Workload, opts: Any) -> EngineMemory:
+    def memory(self, m: ModelShape, w: Workload, opts: OptionsT) -> EngineMemory:
         raise NotImplementedError
 
-    def traffic(self, m: ModelShape, w: Workload, opts: Any) -> Traffic:
+    def traffic(self, m: ModelShape, w: Workload, opts: OptionsT) -> Traffic:
         raise NotImplementedError
 
-    def offload_seconds(self, m: ModelShape, w: Workload, opts: Any, hw: Hardware) -> OffloadTime:
+    def offload_seconds(
+        self, m: ModelShape, w: Workload, opts: OptionsT, hw: Hardware
+    ) -> OffloadTime:
         """Host-side optimizer and PCIe/NVMe time: per micro-batch and per optimizer step (none
         without offload)."""
         return OffloadTime()
 
     # ------------------------------------------------------------------ doctor
 
-    def shard_share(self, opts: Any, world_size: int) -> float:
+    def shard_share(self, opts: OptionsT, world_size: int) -> float:
         """The share of the parameters each rank should hold."""
         return 1.0
 
-    def unsharded(self, opts: Any, world_size: int) -> tuple[str, str] | None:
+    def unsharded(self, opts: OptionsT, world_size: int) -> tuple[str, str] | None:
         """When a rank holds every parameter on several ranks: (status, why), or None when this
         engine never shards parameters (no finding)."""
         return None

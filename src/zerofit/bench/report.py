@@ -10,6 +10,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
 from zerofit.backends import library_versions
 from zerofit.bench.run import Result, best, best_lines
 from zerofit.report.memory_history import MEMORY_HISTORY_STEPS
@@ -42,8 +49,6 @@ def headers() -> list[str]:
 
 
 def environment() -> dict[str, Any]:
-    import torch
-
     env: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "host": platform.node(),
@@ -141,11 +146,6 @@ def profile_markdown(results: list[Result], steps: int) -> list[str]:
 
 
 def charts(results: list[Result], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = [r.name for r in results]
     written = []
     specs = [
@@ -161,7 +161,9 @@ def charts(results: list[Result], out: Path) -> list[Path]:
         ),
     ]
     for filename, unit, series, labels in specs:
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(names) + 2), 4.5))
+        fig = Figure(figsize=(max(6.0, 0.9 * len(names) + 2), 4.5))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
         width = 0.8 / len(series)
         for j, (values, label) in enumerate(zip(series, labels, strict=True)):
             xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(names))]
@@ -176,7 +178,6 @@ def charts(results: list[Result], out: Path) -> list[Path]:
             ax.legend()
         fig.tight_layout()
         fig.savefig(out / filename, dpi=120)
-        plt.close(fig)
         written.append(out / filename)
     return written
 
@@ -194,9 +195,6 @@ def write_report(results: list[Result], out: Path, meta: dict[str, Any]) -> None
 
 
 def print_table(results: list[Result]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title="zerofit bench")
     for i, h in enumerate(headers()):
         table.add_column(h, justify="left" if i < 2 else "right")
@@ -213,10 +211,9 @@ def print_table(results: list[Result]) -> None:
     print_profiles(results, console)
 
 
-def print_profiles(results: list[Result], console: Any) -> None:
-    from rich.table import Table
-    from rich.text import Text  # kernel names are not markup
-
+def print_profiles(results: list[Result], console: Console) -> None:
+    """Each profiled variant's breakdown and top kernels (cells are `Text`: kernel names are not
+    markup)."""
     profiled = [r for r in results if r.profile]
     if not profiled:
         return

@@ -23,6 +23,7 @@ from typing import Any
 
 from zerofit.errors import UserError
 from zerofit.launch import child_run as runner
+from zerofit.report.rates import rates
 
 
 @dataclass
@@ -121,8 +122,6 @@ def classify(code: int, log: str) -> tuple[str, str]:
 def measure(summary: dict[str, Any], warmup: int, count: int | None = None) -> dict[str, Any]:
     """Median step time over the `count` steps after warm-up (default: all the rest), and what
     follows from it."""
-    from zerofit.report.metrics import rates  # with torch: not needed to import this module
-
     end = None if count is None else warmup + count
     times = summary["step_times_s"][warmup:end]
     if not times:

@@ -21,9 +21,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from torch.distributed.checkpoint.api import CheckpointException
+
 from zerofit.checkpoint import manifest, rank_state
 from zerofit.checkpoint.safe_load import UnsafeCheckpointError
 from zerofit.errors import UserError
+from zerofit.faults.report import describe_os_error, find_os_error
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 __all__ = [
@@ -119,14 +122,8 @@ def select_checkpoint(root: Path) -> tuple[Path, dict[str, Any], list[str]]:
     raise UserError(f"--resume: no complete checkpoint under {root}")
 
 
-def _write_errors() -> tuple[type[BaseException], ...]:
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    return (OSError, CheckpointException)
-
-
 # What a failed write raises: OSError, or DCP's CheckpointException wrapping one per rank.
-WRITE_ERRORS = _write_errors()
+WRITE_ERRORS: tuple[type[BaseException], ...] = (OSError, CheckpointException)
 
 
 class SaveFailed(Exception):
@@ -136,8 +133,6 @@ class SaveFailed(Exception):
 def write_failure(exc: BaseException, where: Path) -> str:
     """Why a write under ``where`` failed. DCP's writer (torch's zip serializer) reports a short
     write as "unexpected pos" without the errno; then the filesystem itself is asked."""
-    from zerofit.faults.report import describe_os_error, find_os_error
-
     found = find_os_error(exc)
     if found is not None:
         return describe_os_error(exc) + ("" if found.filename else f" under {where}")

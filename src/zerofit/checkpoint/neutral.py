@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 
 from zerofit.checkpoint.safe_load import SafeFileSystemReader, UnsafeCheckpointError
 from zerofit.errors import UserError
+from zerofit.report import quiet
 
 MODEL = "model."
 OPTIM = "optim.state."
@@ -89,7 +90,8 @@ class NeutralView:
         shape, saved = self.entries[key]
         out = {key: torch.empty(shape, dtype=dtype or saved)}
         try:
-            dcp.load(out, storage_reader=self.reader, no_dist=True)
+            with quiet.single_process_dcp():
+                dcp.load(out, storage_reader=self.reader, no_dist=True)
         except READ_ERRORS as e:
             raise checkpoint_error(self.where, e) from None
         return out[key]

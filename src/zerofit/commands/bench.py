@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from zerofit.backends import engines
+from zerofit.bench import run as bench
 from zerofit.errors import UserError
 from zerofit.launch.run_config import load_config
 
@@ -66,9 +67,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _variants(args: argparse.Namespace, overrides: list[str]) -> list:
-    from zerofit.backends import engines
-    from zerofit.bench import run as bench
-
     owners = {name: eng.own_keys() for name, eng in engines().items()}
     sweeps = [bench.parse_sweep(s) for s in args.sweep]
     extra = [bench.parse_variant(v) for v in args.variant]
@@ -92,9 +90,9 @@ def _variants(args: argparse.Namespace, overrides: list[str]) -> list:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from zerofit.bench import run as bench
+    # torch-free path: `zerofit plan` imports every command module; bench.report imports torch
     from zerofit.bench.report import environment, print_table, write_report
-    from zerofit.launch.prepare import default_nproc
+    from zerofit.launch.prepare import default_nproc  # torch-free path: it imports torch
 
     if args.steps < 1 or args.warmup < 0:
         raise UserError("--steps must be >= 1 and --warmup >= 0")

@@ -9,8 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import TypeAdapter
+from pydantic.json_schema import GenerateJsonSchema
 
+from zerofit import __version__
+from zerofit.backends.catalog import RunConfig
+from zerofit.config import to_dict
 from zerofit.errors import UserError
+from zerofit.launch.run_config import load_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,11 +35,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def json_schema() -> dict[str, Any]:
     """Draft 2020-12 JSON Schema of a run's config (`zerofit.backends.catalog.RunConfig`) (unknown keys are errors)."""
-    from pydantic import TypeAdapter
-    from pydantic.json_schema import GenerateJsonSchema
-
-    from zerofit import __version__
-    from zerofit.backends.catalog import RunConfig
 
     class _Schema(GenerateJsonSchema):
         # bounds sit behind zerofit's own int coercion, where pydantic keeps its names for them
@@ -59,9 +60,6 @@ def _standard_bounds(node: Any) -> Any:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from zerofit.config import to_dict
-    from zerofit.launch.run_config import load_config
-
     if args.action == "schema":
         if overrides or args.config:
             raise UserError("config schema takes no config; it describes every config")

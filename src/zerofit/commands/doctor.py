@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from zerofit.errors import UserError
+from zerofit.report.doctor import diagnose, print_report
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,8 +18,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from zerofit.report.doctor import diagnose, print_report
-
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise UserError(f"no such run directory: {run_dir}")

@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    # torch-free path: `zerofit plan` imports every command module; export.run imports torch
     from zerofit.export.run import export_checkpoint, find_checkpoint, parse_size
 
     run_dir = Path(args.run_dir)

@@ -31,6 +31,8 @@ from typing import Any
 
 from zerofit.backends import library_versions
 from zerofit.backends.terms import GIB, Adapters, Workload
+from zerofit.bench.run import classify
+from zerofit.bench.run import measure as median_of
 from zerofit.config import Config, save_config, to_dict
 from zerofit.errors import UserError
 from zerofit.launch import child_run as runner
@@ -140,9 +142,6 @@ def compare(
 ) -> dict[str, Any]:
     """One row: predicted against measured memory, step time and tokens/s, or the failure (a
     run stopped at `timeout` seconds: status "timeout")."""
-    from zerofit.bench.run import classify
-    from zerofit.bench.run import measure as median_of
-
     s = o.strategy
     row: dict[str, Any] = {
         "strategy": s.label,
@@ -252,7 +251,7 @@ def summary_line(rows: list[dict[str, Any]]) -> str:
 
 def meta(m: ModelShape, w: Workload, hw: Hardware, st: Settings) -> dict[str, Any]:
     """What the runs were: when, how, on what, and what re-predicts them."""
-    import torch
+    import torch  # torch-free path: `zerofit plan` imports this module; only --measure gets here
 
     cuda = torch.cuda.is_available()
     return {

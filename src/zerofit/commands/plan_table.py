@@ -101,8 +101,8 @@ def print_tables(
     global_batch: int | None = None,
     refused: dict[str, str] | None = None,
 ) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from rich.console import Console  # light CLI start: rich loads only to print a table
+    from rich.table import Table  # light CLI start: rich loads only to print a table
 
     console = Console()
     console = Console(width=max(console.width, 170))  # a wide table reads better wrapped

@@ -8,10 +8,12 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
+from zerofit.config.schema import Config
 from zerofit.errors import UserError
+from zerofit.launch.options import LaunchOptions
 from zerofit.launch.run_config import field_help, load_config
+from zerofit.train.worker import train_joined
 
 
 def _options_epilog() -> str:
@@ -68,9 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def print_summary(run_dir: Path) -> None:
-    from rich.console import Console
+    from rich.console import Console  # light CLI start: rich loads once a run has finished
 
-    from zerofit.report.progress import summary_table
+    from zerofit.report.progress import summary_table  # light CLI start: it imports rich
 
     summary_file = run_dir / "summary.json"
     console = Console()
@@ -80,9 +82,10 @@ def print_summary(run_dir: Path) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    # torch-free path: `zerofit plan` imports every command module; these three import torch
     from zerofit.distributed import mesh as dist
-    from zerofit.launch.prepare import LaunchOptions, check_nproc, default_nproc, prepare_run
-    from zerofit.launch.spawn import spawn
+    from zerofit.launch import prepare  # torch-free path: it imports torch
+    from zerofit.launch.spawn import spawn  # torch-free path: it imports torch
 
     cfg = load_config(args.config, overrides)
     opts = LaunchOptions(
@@ -90,18 +93,16 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     )
     if dist.in_launched_worker() or dist.adopt_slurm_env():
         return _train_joined(cfg, opts)
-    nproc = args.nproc if args.nproc is not None else default_nproc()
-    check_nproc(nproc)
+    nproc = args.nproc if args.nproc is not None else prepare.default_nproc()
+    prepare.check_nproc(nproc)
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise UserError(f"--node-rank {args.node_rank} is not in [0, --nnodes {args.nnodes})")
     if args.nnodes > 1 and not cfg.log.run_dir:
         raise UserError(
             "multi-node runs need log.run_dir (the same shared directory on every node)"
         )
-    import torch
-
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    prep = prepare_run(cfg, opts, nproc * args.nnodes, device_type, create=args.node_rank == 0)
+    world, device = nproc * args.nnodes, prepare.device_type()
+    prep = prepare.prepare_run(cfg, opts, world, device, create=args.node_rank == 0)
     try:
         code = spawn(prep, opts, nproc)
     finally:
@@ -113,12 +114,12 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     return code
 
 
-def _export_final(cfg: Any, run_dir: Path) -> None:
+def _export_final(cfg: Config, run_dir: Path) -> None:
     """`checkpoint.export_final`: the final checkpoint as a Hugging Face folder, offline, in this
     (launcher) process once the workers are gone: no GPU memory, no process group."""
     if not cfg.checkpoint.export_final:
         return
-    from zerofit.export.run import export_checkpoint, find_checkpoint
+    from zerofit.export.run import export_checkpoint, find_checkpoint  # torch-free path: torch
 
     ckpt = find_checkpoint(run_dir, None)
     out = run_dir / "export" / ckpt.name
@@ -129,10 +130,8 @@ def _export_final(cfg: Any, run_dir: Path) -> None:
     print(f"exported step {s['step']} as a Hugging Face folder ({s['dtype']}): {s['out']}")
 
 
-def _train_joined(cfg: Any, opts: Any) -> int:
+def _train_joined(cfg: Config, opts: LaunchOptions) -> int:
     """Started by an external torchrun/srun: this process is one rank (zerofit.train.worker)."""
-    from zerofit.train.worker import train_joined
-
     code, prep = train_joined(cfg, opts)
     if code == 0 and prep is not None:  # rank 0
         print_summary(prep.run_dir)

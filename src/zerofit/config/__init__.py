@@ -24,7 +24,7 @@ from pydantic.fields import FieldInfo
 
 from zerofit.config.error_lines import pick
 from zerofit.config.limits import MAX_PATH_LEVELS, check_optim, shown
-from zerofit.config.schema import Config, PrecisionConfig
+from zerofit.config.schema import Config, ParallelCommon, PrecisionConfig
 from zerofit.config.yaml_safe import load_yaml_file, load_yaml_text
 from zerofit.errors import UserError
 
@@ -48,7 +48,7 @@ def _from_dict(data: Any, schema: type[Config]) -> Config:
         raise UserError(pick(e.errors(include_url=False), data, schema)) from None
 
 
-def to_dict(cfg: Any) -> dict[str, Any]:
+def to_dict(cfg: Config) -> dict[str, Any]:
     """Plain, YAML-safe dict of a config (tuples become lists)."""
 
     def plain(v: Any) -> Any:
@@ -164,10 +164,12 @@ def explicit_keys(cfg: Config) -> frozenset[str]:
     return getattr(cfg, "_explicit", frozenset())
 
 
-def get_field(cfg: Any, dotted: str) -> Any:
+def get_field(cfg: Config, dotted: str) -> Any:
+    """The value at a dotted key (`"parallel.deepspeed.stage"`)."""
+    value: Any = cfg
     for part in dotted.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
+        value = getattr(value, part)
+    return value
 
 
 def with_fields(cfg: Config, updates: dict[str, Any]) -> Config:
@@ -276,7 +278,7 @@ def resolve_precision(cfg: PrecisionConfig, device_type: str) -> PrecisionConfig
     )
 
 
-def compiles(parallel: Any, device_type: str = "cuda") -> bool:
+def compiles(parallel: ParallelCommon, device_type: str = "cuda") -> bool:
     """Whether `parallel.compile` compiles on `device_type` (`auto`: on CUDA only). The planner
     and `ds-config` ask for the GPU a plan is for; a run is resolved for its own device."""
     return parallel.compile is True or (parallel.compile == "auto" and device_type == "cuda")

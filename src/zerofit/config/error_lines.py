@@ -8,6 +8,7 @@ import difflib
 import typing
 from typing import Any
 
+from zerofit.config.fields import as_number
 from zerofit.config.limits import shown
 
 _EXPECTED = {
@@ -104,8 +105,6 @@ def pick(errors: list[dict[str, Any]], data: dict[str, Any], schema: type) -> st
 
 
 def error_line(err: dict[str, Any], data: dict[str, Any], schema: type) -> str:
-    from zerofit.config.fields import as_number
-
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind == "unexpected_keyword_argument":
         path, _, names = _walk(err["loc"][:-1], data, schema)

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import math
 import reprlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zerofit.errors import UserError
+
+if TYPE_CHECKING:
+    from zerofit.config.schema import OptimConfig
 
 SHOWN_CHARS = 200  # at most this many characters of a user value in one message
 MAX_STRING = 10_000  # characters in one config string (paths have their own, OS limits)
@@ -22,7 +25,7 @@ _repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 8
 _repr.maxlevel = 3
 
 
-def check_optim(o: Any) -> None:
+def check_optim(o: OptimConfig) -> None:
     """Values AdamW cannot train with (NaN and inf fail every comparison, so each test is a
     positive one): refused before anything starts."""
     finite = math.isfinite

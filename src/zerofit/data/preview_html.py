@@ -7,6 +7,9 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
 from zerofit.data.preview import Preview, RowView, Segment, Token, visible
 
 CSS = """
@@ -76,9 +79,6 @@ def page(p: Preview, views: list[RowView], title: str) -> str:
 
 def write_histogram(p: Preview, path: Path) -> None:
     """Sample lengths in tokens, the longest that fits a row (seq_len + 1) marked."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     fig = Figure(figsize=(8, 4.5), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()

@@ -67,7 +67,7 @@ def _iter_json(path: Path) -> Iterator[Record]:
 
 def _iter_parquet(path: Path) -> Iterator[Record]:
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # optional here: only .parquet sources need pyarrow
     except ImportError:
         raise UserError(
             f"{path}: reading .parquet needs the pyarrow package (pip install pyarrow)"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import tokenizers
 
 from zerofit.config.limits import shown
 from zerofit.errors import UserError
@@ -64,11 +65,9 @@ class HFTokenizer:
     chat_template: str | None = None
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        from tokenizers import Tokenizer as _Tok
-
         self.path = str(path)
         try:
-            self._tok = _Tok.from_file(self.path)
+            self._tok = tokenizers.Tokenizer.from_file(self.path)
         except Exception as e:  # the library raises plain Exceptions for bad files
             raise UserError(
                 f"cannot load tokenizer {shown(self.path, quote=False)}: {shown(e, quote=False)}"
@@ -94,7 +93,7 @@ class FolderTokenizer:
 
     def __init__(self, folder: Path) -> None:
         try:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # optional: transformers (the hf extra)
         except ImportError:
             raise UserError(
                 f"tokenizer folder {shown(folder, quote=False)} needs the transformers package "

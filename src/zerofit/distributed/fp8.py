@@ -43,7 +43,7 @@ def _float8() -> ModuleType:
     """`torchao.float8` (its import-time noise is filtered: `zerofit.report.quiet`); UserError
     without torchao."""
     try:
-        import torchao.float8 as float8
+        import torchao.float8 as float8  # optional: torchao (the fp8 extra)
     except ImportError:
         raise UserError(f"precision.fp8 needs torchao: {INSTALL}") from None
     return float8

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from zerofit.distributed.ac_blocks import checkpointed_blocks
 from zerofit.models import loss
@@ -30,8 +32,6 @@ def get_blocks(model: nn.Module, blocks_path: str) -> nn.ModuleList:
 
 
 def _save_matmuls_policy(ctx: object, op: object, *args: object, **kwargs: object) -> object:
-    from torch.utils.checkpoint import CheckpointPolicy
-
     return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
@@ -62,10 +62,6 @@ def apply_ac(blocks: nn.ModuleList, mode: str, every: int = 2, first: int | None
     chosen = checkpointed_blocks(mode, len(blocks), every, first)
     kwargs: dict = {}
     if mode == "selective":
-        from functools import partial
-
-        from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
         kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _save_matmuls_policy)
     for i in chosen:
         blocks[i] = checkpoint_wrapper(blocks[i], preserve_rng_state=False, **kwargs)
@@ -86,6 +82,8 @@ def apply_compile_forward(blocks: nn.ModuleList) -> None:
 
     Blocks may differ in what Dynamo guards on (ZeRO-3 parameter state), so the recompile limit
     is raised to one graph per block rather than failing at PyTorch's default of 8."""
+    # deferred: torch._dynamo takes ~1 s to import, and only a compiled run (torch.compile, just
+    # below, imports it too) reaches here; CPU runs never compile
     import torch._dynamo.config as dynamo_config
 
     loss.COMPILE_CHUNKS = True

@@ -4,9 +4,14 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from zerofit.models.meta import meta_params
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # zerofit Llama parameter -> Hugging Face LlamaForCausalLM parameter (no q/k permutation needed).
 LLAMA_TO_HF: list[tuple[re.Pattern[str], str]] = [
@@ -36,16 +41,16 @@ def llama_to_hf(name: str) -> str | None:
     return None
 
 
-def set_dtype(config: Any, dtype: torch.dtype) -> None:
-    import transformers
+def set_dtype(config: PretrainedConfig, dtype: torch.dtype) -> None:
+    import transformers  # optional: transformers (the hf extra)
 
     v5 = int(transformers.__version__.split(".")[0]) >= 5  # 4.x calls it torch_dtype
     setattr(config, "dtype" if v5 else "torch_dtype", dtype)
 
 
-def llama_config(args: dict[str, Any], eos_id: int | None) -> Any:
+def llama_config(args: dict[str, Any], eos_id: int | None) -> PretrainedConfig:
     """The ``LlamaConfig`` of a built-in preset (its resolved ``LlamaArgs`` as a dict)."""
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig  # optional: transformers (the hf extra)
 
     return LlamaConfig(
         vocab_size=args["vocab_size"],
@@ -70,13 +75,11 @@ def llama_config(args: dict[str, Any], eos_id: int | None) -> Any:
 
 
 def hf_parameters(
-    config: Any, trust_remote_code: bool = False
+    config: PretrainedConfig, trust_remote_code: bool = False
 ) -> tuple[str, dict[str, tuple[int, ...]], set[str]]:
     """The model class name, its parameters' shapes in natural order, and tied aliases (lm_head);
     ``trust_remote_code``: the run's model.trust_remote_code (the folder's own classes)."""
-    from transformers import AutoModelForCausalLM
-
-    from zerofit.models.meta import meta_params
+    from transformers import AutoModelForCausalLM  # optional: transformers (the hf extra)
 
     with meta_params():
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 
 from zerofit.checkpoint.neutral import MODEL, NeutralView
@@ -130,9 +131,9 @@ def write_adapter(
     view: NeutralView, tensors: list[tuple[str, str]], dtype: torch.dtype, config: dict, out: Path
 ) -> int:
     """Write ``adapter_model.safetensors`` and ``adapter_config.json``; returns their bytes."""
-    from safetensors.torch import save_file
-
     batch = {name: view.read(key, dtype).contiguous() for key, name in tensors}
-    save_file(batch, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    safetensors.torch.save_file(
+        batch, str(out / "adapter_model.safetensors"), metadata={"format": "pt"}
+    )
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return sum(t.numel() * t.element_size() for t in batch.values())

@@ -20,8 +20,9 @@ import warnings
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import safetensors.torch
 import torch
 
 from zerofit.backends import checkpoint_readers
@@ -33,8 +34,10 @@ from zerofit.checkpoint import (
     step_dirs,
     verify,
 )
+from zerofit.checkpoint.compat import first_difference
 from zerofit.checkpoint.neutral import MODEL, NeutralView, open_reader
 from zerofit.config import Config, sizes
+from zerofit.data import load_tokenizer
 from zerofit.errors import UserError
 from zerofit.export.hf import hf_parameters, llama_config, llama_to_hf, set_dtype
 from zerofit.export.lora import (
@@ -49,6 +52,11 @@ from zerofit.export.lora import (
     write_adapter,
 )
 from zerofit.launch.run_config import load_config
+from zerofit.models.hf import fingerprint
+from zerofit.models.hf import load_config as load_hf_config
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOKENIZER_FILES = (
@@ -90,14 +98,11 @@ def find_checkpoint(run_dir: Path, step: int | None) -> Path:
     return done[-1]
 
 
-def hf_run_config(cfg: Config, meta: dict[str, Any]) -> Any:
+def hf_run_config(cfg: Config, meta: dict[str, Any]) -> PretrainedConfig:
     """The run's Hugging Face config: its folder's, with the run's overrides applied."""
-    from zerofit.checkpoint.compat import first_difference
-    from zerofit.models.hf import fingerprint, load_config
-
     if not cfg.model.hf:
         raise UserError("the checkpoint holds a Hugging Face model but config.yaml has no model.hf")
-    config = load_config(cfg.model.hf, cfg.model.overrides, cfg.model.trust_remote_code)
+    config = load_hf_config(cfg.model.hf, cfg.model.overrides, cfg.model.trust_remote_code)
     saved, now = meta.get("model", {}).get("config") or {}, fingerprint(config)["config"]
     common = saved.keys() & now.keys()  # another transformers version may add or drop keys
     where = first_difference({k: saved[k] for k in common}, {k: now[k] for k in common})
@@ -109,7 +114,7 @@ def hf_run_config(cfg: Config, meta: dict[str, Any]) -> Any:
 
 
 def plan_tensors(
-    view: NeutralView, config: Any, builtin: bool, params: tuple | None = None
+    view: NeutralView, config: PretrainedConfig, builtin: bool, params: tuple | None = None
 ) -> list[tuple[str, str]]:
     """(neutral key, Hugging Face name) for every tensor but LoRA adapters, in the HF model's
     order; checked. ``params``: ``hf_parameters(config)``, if already known.
@@ -176,8 +181,6 @@ def write_shards(
 ) -> dict[str, str]:  # fmt: skip
     """Read (``read(key, dtype)``: LoRA merged), cast and write one shard at a time; returns the
     weight map (HF name -> file)."""
-    from safetensors.torch import save_file
-
     weight_map = {}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "torch.distributed is disabled")  # DCP's no_dist read
@@ -187,7 +190,7 @@ def write_shards(
             for key, hf in (tensors[i] for i in shard):
                 batch[hf] = read(key, dtype).contiguous()
                 weight_map[hf] = fname
-            save_file(batch, str(out / fname), metadata={"format": "pt"})
+            safetensors.torch.save_file(batch, str(out / fname), metadata={"format": "pt"})
             del batch
     return weight_map
 
@@ -198,7 +201,7 @@ class ExportPlan:
 
     meta: dict[str, Any]
     view: NeutralView
-    config: Any  # a transformers PretrainedConfig
+    config: PretrainedConfig
     tensors: list[tuple[str, str]]  # (neutral key, HF name), in the HF model's order
     sizes: list[int]  # bytes of each tensor in the export dtype
     tokenizer: dict[str, Path]  # file name in the export -> the run's file
@@ -211,8 +214,6 @@ class ExportPlan:
 
 def plan_export(ckpt_dir: Path, run_dir: Path, dtype: str) -> ExportPlan:
     """Validate the run and checkpoint (manifest, meta, every name and shape); plan the export."""
-    from zerofit.data import load_tokenizer
-
     if dtype not in DTYPES:
         raise UserError(f"unknown export dtype {dtype!r} (choices: {', '.join(DTYPES)})")
     cfg = read_run_config(run_dir)
@@ -247,7 +248,7 @@ def _check_out(out: Path) -> None:
 
 def _write_model(plan: ExportPlan, folder: Path, dtype: str, shards: list[list[int]]) -> None:
     """config.json, generation_config.json, the shards (LoRA merged) and tokenizer files."""
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig  # optional: transformers (the hf extra)
 
     plan.config.save_pretrained(folder)
     GenerationConfig.from_model_config(plan.config).save_pretrained(folder)

@@ -68,6 +68,7 @@ def clear_records(error_dir: str | Path, rank: int) -> None:
 def is_peer_failure(exc: BaseException) -> bool:
     """An error a rank sees because a peer went away (not its own fault)."""
     try:
+        # torch-free path: `zerofit plan` imports this module (commands.train -> train.worker)
         from torch.distributed import DistError
     except ImportError:  # pragma: no cover - torch always has it here
         DistError = ()  # type: ignore[assignment,misc] # noqa: N806

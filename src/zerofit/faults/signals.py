@@ -8,7 +8,10 @@ Slurm and Kubernetes signal every task.
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
+import sys
 import threading
 import time
 from types import FrameType
@@ -52,10 +55,6 @@ def die_with_parent(parent: int) -> bool:
     has. A launcher killed outright (SIGKILL, an OOM kill, a test's timeout) cannot forward a
     signal, and its workers would otherwise live on, holding ports, memory and build locks. This
     is the second-signal case: the workers go at once. Linux only; elsewhere nothing changes."""
-    import ctypes
-    import os
-    import sys
-
     if sys.platform.startswith("linux"):
         pr_set_pdeathsig = 1
         libc = ctypes.CDLL(None, use_errno=True)

@@ -21,6 +21,8 @@ import os
 import sys
 from pathlib import Path
 
+from torch.utils.cpp_extension import get_default_build_root
+
 LOCK_NAME = "lock"  # torch.utils.cpp_extension: <build dir>/lock
 
 
@@ -29,8 +31,6 @@ def extension_root() -> Path:
     env = os.environ.get("TORCH_EXTENSIONS_DIR")
     if env:
         return Path(env)
-    from torch.utils.cpp_extension import get_default_build_root
-
     return Path(get_default_build_root())
 
 

@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -20,28 +20,19 @@ from zerofit.checkpoint import compat
 from zerofit.config import Config, explicit_keys, save_config
 from zerofit.config.limits import shown
 from zerofit.errors import UserError
+from zerofit.launch.options import LaunchOptions, PreparedRun
+from zerofit.launch.resolve import resolve
 from zerofit.report.metrics import truncate_metrics
-
-
-@dataclass
-class LaunchOptions:
-    nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: str | None = None
-    rdzv_backend: str = "static"
-    resume: str | None = None  # None: fresh run; "latest": newest checkpoint; or a path
-
-
-@dataclass
-class PreparedRun:
-    cfg: Config
-    run_dir: Path
-    config_file: Path
-    resume_from: Path | None
+from zerofit.train.inputs import build_inputs, checkpoint_meta, make_loader, resolve_steps
 
 
 def default_nproc() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def device_type() -> str:
+    """The device the workers started here train on."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def check_nproc(nproc: int) -> None:
@@ -124,14 +115,6 @@ def prepare_run(
     cfg: Config, opts: LaunchOptions, world_size: int, device_type: str, create: bool = True
 ) -> PreparedRun:
     """Every check that can fail on user input, then the run directory and its resolved config."""
-    from zerofit.launch.resolve import resolve
-    from zerofit.train.inputs import (  # torch-heavy imports
-        build_inputs,
-        checkpoint_meta,
-        make_loader,
-        resolve_steps,
-    )
-
     steps_given = "train.steps" in explicit_keys(cfg)  # lost by the replace()s below
     cfg = resolve(_expand_user(cfg), world_size, device_type)
     inputs = build_inputs(cfg, world_size)  # raises if the data cannot fill one global batch

@@ -16,13 +16,12 @@ from dataclasses import replace
 from zerofit.backends import engine_of
 from zerofit.config import check_world, compiles, resolve_precision
 from zerofit.config.schema import Config
+from zerofit.planner.auto import resolve_auto
 
 
 def resolve(cfg: Config, world_size: int, device_type: str) -> Config:
     cfg = replace(cfg, parallel=replace(cfg.parallel, compile=compiles(cfg.parallel, device_type)))
     if cfg.parallel.backend == "auto":
-        from zerofit.planner.auto import resolve_auto
-
         cfg = resolve_auto(cfg, world_size)
     cfg = replace(cfg, precision=resolve_precision(cfg.precision, device_type))
     engine = engine_of(cfg)

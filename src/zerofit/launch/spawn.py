@@ -23,10 +23,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import get_args_parser, run
+
 from zerofit import checkpoint as ckpt
+from zerofit.config.schema import Config
 from zerofit.errors import UserError
 from zerofit.faults import report
 from zerofit.faults.signals import HANDLED, signal_name
+from zerofit.launch.options import LaunchOptions, PreparedRun
 
 STOP_MARKER = "STOP"  # in the error directory: workers started after a stop request exit at once
 
@@ -89,16 +94,14 @@ def child_pids() -> list[int]:
     return out
 
 
-def resume_hint(cfg: Any, run_dir: Path, config_file: Path) -> str:
+def resume_hint(cfg: Config, run_dir: Path, config_file: Path) -> str:
     last = ckpt.latest_checkpoint(ckpt.checkpoint_root(cfg.checkpoint.dir, run_dir))
     if last is None:
         return "No checkpoint was saved (set checkpoint.every to save as you go)"
     return f"The last checkpoint is {last}; continue with: zerofit train -c {config_file} --resume"
 
 
-def torchrun_args(opts: Any, nproc: int, max_restarts: int, log_dir: Path) -> list[str]:
-    from torch.distributed.run import get_args_parser
-
+def torchrun_args(opts: LaunchOptions, nproc: int, max_restarts: int, log_dir: Path) -> list[str]:
     args = ["--nproc-per-node", str(nproc), "--nnodes", str(opts.nnodes)]
     if opts.nnodes == 1 and not opts.rdzv_endpoint:
         args.append("--standalone")
@@ -115,7 +118,7 @@ def torchrun_args(opts: Any, nproc: int, max_restarts: int, log_dir: Path) -> li
     return args
 
 
-def worker_argv(prep: Any, error_dir: Path | None = None) -> list[str]:
+def worker_argv(prep: PreparedRun, error_dir: Path | None = None) -> list[str]:
     argv = ["--config", str(prep.config_file), "--run-dir", str(prep.run_dir)]
     if prep.resume_from:
         argv += ["--resume", str(prep.resume_from)]
@@ -124,11 +127,8 @@ def worker_argv(prep: Any, error_dir: Path | None = None) -> list[str]:
     return argv
 
 
-def spawn(prep: Any, opts: Any, nproc: int) -> int:
+def spawn(prep: PreparedRun, opts: LaunchOptions, nproc: int) -> int:
     """Start `nproc` workers on this node; returns the exit status after printing its line."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
-
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     logging.getLogger("torch.distributed.run").setLevel(logging.CRITICAL)
     if "OMP_NUM_THREADS" not in os.environ:

@@ -30,7 +30,7 @@ def preset_names() -> list[str]:
 
 def __getattr__(name: str) -> Any:
     if name in _BUILD:
-        from zerofit.models import build
+        from zerofit.models import build  # torch-free path: `zerofit plan` imports this package
 
         return getattr(build, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,6 +19,8 @@ from torch import nn
 
 from zerofit.config.limits import shown
 from zerofit.errors import UserError
+from zerofit.models.hf import build_hf, construct_hf
+from zerofit.models.hf_weights import load_hf_weights
 from zerofit.models.init import hf_init, llama_init
 from zerofit.models.llama import Llama
 from zerofit.models.meta import meta_params
@@ -79,9 +81,6 @@ def _build_llama(preset: str, overrides: dict | None, loss_chunk: int) -> ModelS
 def _build_hf(
     directory: str, overrides: dict | None, loss_chunk: int, trust: bool, random_init: bool
 ) -> ModelSpec:
-    from zerofit.models.hf import build_hf, construct_hf
-    from zerofit.models.hf_weights import load_hf_weights
-
     module, info = build_hf(directory, overrides, loss_chunk, trust)
     weights = None if random_init else load_hf_weights(directory, module, bool(overrides))
     source = (

@@ -17,10 +17,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 USE_FLEX = True  # FlexAttention on CUDA (False: dense-mask SDPA everywhere)
 _compiled_flex: Any = None
-_last: tuple[torch.Tensor, int, Any] | None = None  # (docs, its version, block mask)
+_last: tuple[torch.Tensor, int, BlockMask] | None = None  # (docs, its version, block mask)
 
 
 def document_ids(positions: torch.Tensor) -> torch.Tensor:
@@ -50,9 +51,7 @@ def document_attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def _block_mask(docs: torch.Tensor) -> Any:
-    from torch.nn.attention.flex_attention import create_block_mask
-
+def _block_mask(docs: torch.Tensor) -> BlockMask:
     global _last
     if _last is not None and _last[0] is docs and _last[1] == docs._version:
         return _last[2]
@@ -71,8 +70,6 @@ def _flex_document_attention(
 ) -> torch.Tensor:
     global _compiled_flex
     if _compiled_flex is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
         _compiled_flex = torch.compile(flex_attention, dynamic=False)
     gqa = k.shape[1] != q.shape[1]
     return _compiled_flex(q, k, v, block_mask=_block_mask(docs), enable_gqa=gqa)

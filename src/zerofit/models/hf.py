@@ -15,7 +15,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -27,6 +27,9 @@ from zerofit.models.hf_attention import varlen_refusal
 from zerofit.models.hf_head import HFCausalLM, head_structure_fallback
 from zerofit.models.meta import meta_params
 from zerofit.models.shape import ModelShape, ParamCounts, hf_head_fallback
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = ["HFCausalLM", "HFInfo", "build_hf", "construct_hf"]
 
@@ -43,7 +46,7 @@ _NOT_ARCHITECTURE = {
 class HFInfo:
     """What ``build_hf`` learned about the model, enough to fill a ``ModelSpec``."""
 
-    config: Any
+    config: PretrainedConfig
     blocks_path: str
     vocab_size: int
     max_seq_len: int
@@ -68,7 +71,7 @@ def _find_blocks(module: nn.Module, block_names: set[str]) -> str:
     return fallback
 
 
-def fingerprint(config: Any) -> dict:
+def fingerprint(config: PretrainedConfig) -> dict:
     raw = {k: v for k, v in config.to_dict().items() if k not in _NOT_ARCHITECTURE}
     return {"source": "hf", "config": json.loads(json.dumps(raw, sort_keys=True, default=str))}
 
@@ -101,7 +104,7 @@ def _remote_code(directory: str, raw: dict, trust: bool) -> None:
                 flush=True,
             )
         return
-    from transformers import CONFIG_MAPPING
+    from transformers import CONFIG_MAPPING  # optional: transformers (the hf extra)
 
     kind = raw.get("model_type")
     if not isinstance(kind, str) or kind not in CONFIG_MAPPING:
@@ -113,10 +116,10 @@ def _remote_code(directory: str, raw: dict, trust: bool) -> None:
 
 def load_config(
     directory: str, overrides: dict | None = None, trust_remote_code: bool = False
-) -> Any:
+) -> PretrainedConfig:
     """The ``AutoConfig`` in ``directory`` with ``overrides`` applied; UserError on bad input."""
     try:
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # optional: transformers (the hf extra)
     except ImportError as e:
         raise UserError("model.hf needs the 'transformers' package: pip install zerofit[hf]") from e
     if not os.path.isdir(directory):
@@ -178,10 +181,10 @@ _BUILD_ERRORS = (
 )  # fmt: skip
 
 
-def _new_model(config: Any, trust_remote_code: bool) -> nn.Module:
+def _new_model(config: PretrainedConfig, trust_remote_code: bool) -> nn.Module:
     """The model, with packed documents kept apart by ``zerofit_varlen`` where it applies
     (``zerofit.models.hf_attention``); else with transformers' default attention."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # optional: transformers (the hf extra)
 
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if not trust_remote_code and varlen_refusal(config) is None:
@@ -191,14 +194,17 @@ def _new_model(config: Any, trust_remote_code: bool) -> nn.Module:
 
 
 def construct_hf(
-    config: Any, loss_chunk: int = 0, fused: bool = False, trust_remote_code: bool = False
+    config: PretrainedConfig,
+    loss_chunk: int = 0,
+    fused: bool = False,
+    trust_remote_code: bool = False,
 ) -> HFCausalLM:
     """The adapter around a freshly built HF model with real, uninitialised parameters, for
     ``deepspeed.zero.Init``: zerofit fills every parameter afterwards (by name, or from disk).
 
     HF's own weight init is skipped, as transformers does under ZeRO-3: it would index partitioned
     (empty) parameters, e.g. to zero an embedding's padding row. The head is tied again after."""
-    from transformers.initialization import no_init_weights
+    from transformers.initialization import no_init_weights  # optional: transformers
 
     with no_init_weights():
         model = _new_model(config, trust_remote_code)

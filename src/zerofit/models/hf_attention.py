@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 NAME = "zerofit_varlen"
 CU_KEY, MAX_KEY = "zerofit_cu_seqlens", "zerofit_max_len"  # kwargs carried to every layer
@@ -33,13 +36,13 @@ HALF = (torch.bfloat16, torch.float16)
 
 def _varlen() -> Any | None:
     try:
-        from torch.nn.attention.varlen import varlen_attn
+        from torch.nn.attention.varlen import varlen_attn  # optional: torch >= 2.10 has it
     except ImportError:  # torch before 2.10
         return None
     return varlen_attn
 
 
-def varlen_refusal(config: Any) -> str | None:
+def varlen_refusal(config: PretrainedConfig) -> str | None:
     """Why the model with this HF ``config`` keeps transformers' attention, or None if it can use
     ``zerofit_varlen``."""
     if _varlen() is None:
@@ -151,7 +154,7 @@ def _dense_mask(cu: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
 
 
 def _sdpa(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout: float, scaling: float | None, kwargs: dict[str, Any]) -> tuple[torch.Tensor, None]:  # fmt: skip
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # optional: hf
 
     kwargs = {k_: v_ for k_, v_ in kwargs.items() if k_ not in (CU_KEY, MAX_KEY)}
     return sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling, **kwargs)
@@ -162,15 +165,15 @@ def varlen_mask(*args: Any, device: torch.device | str = "cpu", **kwargs: Any) -
     SDPA's own mask."""
     if runs_varlen(device):
         return None
-    from transformers.masking_utils import sdpa_mask
+    from transformers.masking_utils import sdpa_mask  # optional: transformers (the hf extra)
 
     return sdpa_mask(*args, device=device, **kwargs)
 
 
 def register() -> None:
     """Make ``zerofit_varlen`` known to transformers (idempotent)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    from transformers import AttentionInterface  # optional: transformers (the hf extra)
+    from transformers.masking_utils import AttentionMaskInterface  # optional: transformers
 
     AttentionInterface.register(NAME, varlen_attention)
     AttentionMaskInterface.register(NAME, varlen_mask)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from zerofit.config.limits import shown
@@ -108,8 +109,6 @@ class WeightFiles:
         path = self.where[key]
         if self.format == "bin":
             return self._bin(path)[key]
-        from safetensors import SafetensorError, safe_open
-
         try:
             handle = self._handles.get(path)
             if handle is None:

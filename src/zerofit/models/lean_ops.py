@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from zerofit.models.build import ModelSpec
 
 _GATED = ("gate_proj", "up_proj", "down_proj")
 
@@ -207,7 +210,7 @@ def apply_lean_ops(model: nn.Module) -> list[str]:
     return _swap(model, _verdicts(model))
 
 
-def with_lean_ops(spec: Any) -> Any:
+def with_lean_ops(spec: ModelSpec) -> ModelSpec:
     """``spec`` (a ``ModelSpec``) with the lean functions in its module and in every module its
     ``construct`` builds (DeepSpeed's ``zero.Init``, where no probe may run: a module made there
     is partitioned, so the verdicts on ``spec.module``, the same classes, are reused)."""

@@ -24,7 +24,7 @@ import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,9 @@ from zerofit.models import ModelSpec
 from zerofit.models.lora_delta import lora_delta
 from zerofit.models.loss import LMHead
 from zerofit.models.shape import ModelShape, ParamCounts
+
+if TYPE_CHECKING:
+    from zerofit.config.schema import LoRAConfig
 
 FACTORS = ("lora_A", "lora_B")
 ALL_LINEAR = "all-linear"
@@ -199,7 +202,9 @@ def _weights_with_adapters(base: Callable | None) -> Callable | None:
     return weights
 
 
-def _construct_with_adapters(base: Callable, names: list[str], lora: Any, lean: bool) -> Callable:
+def _construct_with_adapters(
+    base: Callable, names: list[str], lora: LoRAConfig, lean: bool
+) -> Callable:
     def construct() -> nn.Module:
         return inject(base(), names, lora.rank, lora.alpha, lora.dropout, lean)
 
@@ -230,7 +235,7 @@ def lora_shape(spec: ModelSpec) -> LoRAShape:
     return LoRAShape(**{**fields, "measured": counts}, frozen_flops_params=base.flops_params)
 
 
-def apply_lora(spec: ModelSpec, lora: Any, lean: bool = True) -> ModelSpec:
+def apply_lora(spec: ModelSpec, lora: LoRAConfig, lean: bool = True) -> ModelSpec:
     """The LoRA form of ``spec`` for ``model.lora`` (``rank`` 0: ``spec`` itself); ``lean``:
     ``model.lean_ops``."""
     if lora.rank == 0:

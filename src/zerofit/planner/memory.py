@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zerofit.backends import engine_of, get_engine
+from zerofit.backends.catalog import EngineOptions
+from zerofit.backends.engine import Engine
 from zerofit.backends.terms import BYTES, GIB, Adapters, EngineMemory, Workload
 from zerofit.config import compiles, resolve_precision
 from zerofit.config.schema import Config
@@ -57,7 +59,7 @@ class Strategy:
     """An engine with its options, plus what every engine does alike."""
 
     backend: str
-    options: Any  # the engine's `parallel.<backend>` section
+    options: EngineOptions  # the engine's `parallel.<backend>` section
     activation_checkpointing: str = "none"  # none | full | every_k | first_k | selective
     compile: bool = False
     # first_k: how many blocks recompute (None: the fewest that fit, found by the planner)
@@ -70,15 +72,15 @@ class Strategy:
         backend: str,
         activation_checkpointing: str = "none",
         compile: bool = False,
-        **options: Any,
+        **fields: Any,
     ) -> Strategy:
         """`Strategy.of("deepspeed", stage=3, offload_optimizer="cpu")`: engine defaults + these."""
         return cls(
-            backend, get_engine(backend).options(**options), activation_checkpointing, compile
+            backend, get_engine(backend).options(**fields), activation_checkpointing, compile
         )
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> Engine:
         return get_engine(self.backend)
 
     @property
@@ -149,8 +151,9 @@ def adapters_for(cfg: Config) -> Adapters | None:
     lora = cfg.model.lora
     if lora.rank == 0:
         return None
+    # torch-free path: `zerofit plan` imports this module; LoRA is counted on a meta-device model
     from zerofit.models import build_model
-    from zerofit.models.lora import adapter_count, apply_lora, block_adapters
+    from zerofit.models.lora import adapter_count, apply_lora, block_adapters  # torch-free path
 
     m = cfg.model
     base = build_model(  # shapes only: the weights are not read

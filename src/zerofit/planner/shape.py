@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from zerofit.models.shape import (  # noqa: F401  re-exported until the planner 
     shape_from_preset,
 )
 from zerofit.planner.gpus import GPU, gpu_named
+from zerofit.report.rates import peak_flops_named
 
 MAX_COUNT = 10**9  # the largest count a flag takes (GPUs, layers, tokens, ...)
 
@@ -104,14 +106,10 @@ def detect_hardware() -> Hardware | None:
     MFU knows it, else Hopper's (``gpu_from`` says so)."""
     if not visible_gpus():  # asked of the driver: no torch import on a machine without a GPU
         return None
-    import torch  # here: the planner imports without torch, detecting the GPU needs it
+    import torch  # torch-free path: `zerofit plan` imports this module; only a GPU needs torch
 
     if not torch.cuda.is_available():
         return None
-    import shutil
-
-    from zerofit.report.metrics import peak_flops
-
     props, name = torch.cuda.get_device_properties(0), torch.cuda.get_device_name(0)
     ram = host_ram()
     hw = Hardware(
@@ -126,7 +124,7 @@ def detect_hardware() -> Hardware | None:
     gpu = gpu_named(name)
     if gpu is not None:
         return with_gpu(hw, gpu, memory=False)
-    peak = peak_flops(torch.device("cuda", 0))
+    peak = peak_flops_named(name)
     if peak is None:
         return replace(hw, gpu_from="detected, peak assumed")
     return replace(hw, peak_flops=peak)

@@ -224,7 +224,7 @@ def oom_advice(cfg: Config, world: int, gpu_mem: int) -> str:
 
 
 def print_report(findings: list[Finding]) -> int:
-    from rich.console import Console
+    from rich.console import Console  # light CLI start: every `zerofit` run imports this module
 
     console = Console()
     console = Console(width=max(console.width, 160))

@@ -12,41 +12,15 @@ from typing import Any
 
 import torch
 
-# Dense bf16 tensor-core peak per GPU, FLOP/s, from the vendors' datasheets (no sparsity).
-# Matched against torch.cuda.get_device_name() by substring, most specific first.
-PEAK_BF16_FLOPS: list[tuple[str, float]] = [
-    ("GH200", 989e12),
-    ("H200", 989e12),
-    ("H100 PCIe", 756e12),
-    ("H100 NVL", 835e12),
-    ("H100", 989e12),
-    ("H800", 989e12),
-    ("B200", 2250e12),
-    ("B100", 1750e12),
-    ("A100", 312e12),
-    ("A800", 312e12),
-    ("L40S", 362e12),
-    ("L40", 181e12),
-    ("L4", 121e12),
-    ("A10G", 70e12),
-    ("A10", 125e12),
-    ("RTX 4090", 165e12),
-    ("RTX 3090", 71e12),
-    ("V100", 125e12),
-    ("MI300X", 1307e12),
-    ("MI250X", 383e12),
-]
+from zerofit.report.rates import PEAK_BF16_FLOPS as PEAK_BF16_FLOPS
+from zerofit.report.rates import peak_flops_named, rates
 
 
 def peak_flops(device: torch.device) -> float | None:
     """Peak dense bf16 FLOP/s of one device, or None (CPU or unknown GPU: MFU is omitted)."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for key, flops in PEAK_BF16_FLOPS:
-        if key in name:
-            return flops
-    return None
+    return peak_flops_named(torch.cuda.get_device_name(device))
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:
@@ -97,21 +71,6 @@ class Throughput:
         return out
 
 
-def rates(
-    tokens_per_s: float, flops_per_token: float, world_size: int, peak: float | None
-) -> dict[str, float]:
-    """tokens/s (all and per GPU), model TFLOP/s per GPU, and MFU when the peak is known."""
-    flops = flops_per_token * tokens_per_s / world_size
-    out = {
-        "tokens_per_s": tokens_per_s,
-        "tokens_per_s_per_gpu": tokens_per_s / world_size,
-        "tflops_per_gpu": flops / 1e12,
-    }
-    if peak:
-        out["mfu"] = flops / peak
-    return out
-
-
 class StepTimer:
     """Per-step durations with no host sync in the step: CUDA events on GPU, wall clock on CPU.
 
@@ -154,7 +113,7 @@ class MetricsSink:
         self.file = open(run_dir / "metrics.jsonl", "a") if (enabled and jsonl) else None  # noqa: SIM115
         self.tb = None
         if enabled and tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # optional: tensorboard
 
             self.tb = SummaryWriter(str(run_dir / "tb"))
 

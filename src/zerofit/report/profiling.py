@@ -309,15 +309,16 @@ class StepProfiler:
             self.prof = None
 
     def _start(self) -> None:
-        from torch.profiler import ProfilerActivity, profile, schedule
-
-        activities = [ProfilerActivity.CPU]
+        profiler = torch.profiler
+        activities = [profiler.ProfilerActivity.CPU]
         if self.cuda:
-            activities.append(ProfilerActivity.CUDA)
+            activities.append(profiler.ProfilerActivity.CUDA)
         with warnings.catch_warnings():  # a run too short for the warm-up step is warned of here
             warnings.simplefilter("ignore")
-            plan = schedule(wait=0, warmup=self.warmup, active=self.active, repeat=1)
-        self.prof = profile(activities=activities, schedule=plan, on_trace_ready=self._ready)
+            plan = profiler.schedule(wait=0, warmup=self.warmup, active=self.active, repeat=1)
+        self.prof = profiler.profile(
+            activities=activities, schedule=plan, on_trace_ready=self._ready
+        )
         self.prof.start()
 
     def _ready(self, prof: Any) -> None:

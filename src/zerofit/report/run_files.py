@@ -4,16 +4,20 @@ precision, OOM diagnoses."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from zerofit.backends.base import Backend
 from zerofit.config import Config
 from zerofit.distributed.mesh import DistContext
+from zerofit.report import precision as precision_report
+from zerofit.report.doctor import oom_advice
 
 
-def write_sharding_report(backend: Any, run_dir: Path, ctx: DistContext) -> None:
+def write_sharding_report(backend: Backend, run_dir: Path, ctx: DistContext) -> None:
     """Per-rank local vs global parameter elements: proof that sharding took effect."""
     params = {name: [local, full] for name, local, full in backend.local_param_numel()}
     report = {
@@ -35,12 +39,10 @@ def write_environment(run_dir: Path, ctx: DistContext) -> None:
 
 
 def write_precision_report(
-    backend: Any, run_dir: Path, ctx: DistContext, compute: torch.dtype | None
+    backend: Backend, run_dir: Path, ctx: DistContext, compute: torch.dtype | None
 ) -> None:
     """precision.json (rank 0) and its summary line and warnings, once the first step has shown
     the compute dtype (see zerofit.report.precision)."""
-    from zerofit.report import precision as precision_report
-
     rep = precision_report.report(backend, compute)
     if ctx.is_main:
         (run_dir / "precision.json").write_text(json.dumps(rep, indent=1))
@@ -57,8 +59,6 @@ def write_precision_report(
 
 def environment(ctx: DistContext) -> dict[str, Any]:
     """What `zerofit doctor` checks about the machine: versions, GPUs, NCCL/CUDA variables."""
-    import os
-
     gpus = (
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         if ctx.device.type == "cuda"
@@ -84,8 +84,6 @@ def environment(ctx: DistContext) -> dict[str, Any]:
 
 def oom_report(cfg: Config, run_dir: Path, ctx: DistContext) -> str:
     """Dump the CUDA memory snapshot and a diagnosis; returns the one-line message."""
-    from zerofit.report.doctor import oom_advice
-
     snapshot = run_dir / f"oom_snapshot_rank{ctx.rank}.pickle"
     torch.cuda.memory._dump_snapshot(str(snapshot))
     torch.cuda.memory._record_memory_history(enabled=None)

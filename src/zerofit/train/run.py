@@ -14,6 +14,7 @@ from zerofit.config import Config
 from zerofit.distributed.mesh import cap_gpu_memory, init_distributed
 from zerofit.errors import UserError
 from zerofit.launch.resolve import mesh_replicas
+from zerofit.report.metrics import truncate_metrics
 from zerofit.report.run_files import compiled_ac_failure, oom_report
 from zerofit.train.components import RunControl
 from zerofit.train.trainer import Trainer
@@ -48,8 +49,6 @@ def run_training(
 def restart_checkpoint(trainer: Trainer, restart: int) -> Path | None:
     """After an elastic restart: the newest checkpoint that verifies (rank 0 picks, every rank
     takes the same), or None to start over. Metrics of the lost steps move aside."""
-    from zerofit.report.metrics import truncate_metrics
-
     ctx, limit = trainer.ctx, trainer.cfg.train.max_restarts
     found: Path | None = None
     if ctx.is_main:

@@ -14,15 +14,19 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import cast
 
+from zerofit.config.schema import Config
 from zerofit.errors import EXIT_IO, RunStopped, UserError
 from zerofit.faults import report
 from zerofit.faults.signals import StopSignals, die_with_parent
+from zerofit.launch.options import LaunchOptions, PreparedRun
+from zerofit.launch.resolve import mesh_replicas
+from zerofit.launch.run_config import load_config
 
 
 def run_worker(
-    load: Callable[[], Any],
+    load: Callable[[], Config],
     run_dir: Path,
     resume: Path | None,
     config_file: Path,
@@ -31,8 +35,9 @@ def run_worker(
 ) -> int:
     """Train, then return the exit status. ``load`` returns the Config (it runs inside the
     error handling, so even a config that fails to load is reported the same way)."""
+    # torch loads here, once `main` has installed the stop-signal handlers (it takes seconds)
     from zerofit.distributed.mesh import shutdown
-    from zerofit.train.run import RunControl, run_training
+    from zerofit.train.run import RunControl, run_training  # torch: after the signal handlers
 
     rank = int(os.environ.get("RANK", 0))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
@@ -75,14 +80,14 @@ def _ended(error_dir: Path | None, rank: int, kind: str, code: int, line: str) -
     return code
 
 
-def train_joined(cfg: Any, opts: Any) -> tuple[int, Any]:
+def train_joined(cfg: Config, opts: LaunchOptions) -> tuple[int, PreparedRun | None]:
     """One rank started by an external torchrun or srun: rank 0 prepares the run (every input
     check, the run directory), then every rank trains. Returns the exit status and, on rank 0,
     the prepared run. A stop signal, non-finite values or a failed save end the rank with its own
     status and (rank 0) one line."""
+    # torch-free path: `zerofit plan` imports this module (through zerofit.commands.train)
     from zerofit.distributed.mesh import init_distributed, shutdown
-    from zerofit.launch.prepare import prepare_run
-    from zerofit.launch.resolve import mesh_replicas
+    from zerofit.launch.prepare import prepare_run  # torch-free path: it imports torch
 
     signals = StopSignals().install()
     ctx = init_distributed(mesh_replicas(cfg))
@@ -96,7 +101,7 @@ def train_joined(cfg: Any, opts: Any) -> tuple[int, Any]:
     if isinstance(result, UserError):
         shutdown()
         raise result
-    prep: Any = result
+    prep = cast(PreparedRun, result)
     code = run_worker(
         lambda: prep.cfg, prep.run_dir, prep.resume_from, prep.config_file, None, signals
     )
@@ -116,8 +121,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1  # our launcher died before we started: nobody is left to train for
     if args.error_dir and Path(args.error_dir, "STOP").exists():
         return 0  # restarted after our launcher was asked to stop: nothing to do
-    from zerofit.launch.run_config import load_config
-
     return run_worker(
         lambda: load_config(args.config),
         Path(args.run_dir),

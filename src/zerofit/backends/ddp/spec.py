@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from zerofit.models.shape import ModelShape
 
 
-class DDP(Engine):
+class DDP(Engine[DDPOptions]):
     name = "ddp"
     options = DDPOptions
     runtime_module = "zerofit.backends.ddp.runtime"

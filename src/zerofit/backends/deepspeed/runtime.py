@@ -13,6 +13,7 @@ import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,11 +43,12 @@ from zerofit.faults.nonfinite import StepResult
 from zerofit.faults.stale_locks import clear_and_report
 from zerofit.models import ModelSpec
 from zerofit.models.llama import strip_wrapper_names
+from zerofit.report import quiet
 
 
 def _deepspeed():  # noqa: ANN202 - the module, imported late: it is an optional extra
     try:
-        import deepspeed
+        import deepspeed  # optional: deepspeed (the deepspeed extra)
     except ImportError:
         raise UserError(
             "parallel.backend=deepspeed needs DeepSpeed: pip install 'zerofit[deepspeed]'"
@@ -60,6 +62,17 @@ class DeepSpeedBackend(Backend):
 
     def setup(self, spec: ModelSpec, init_seed: int) -> None:
         deepspeed = _deepspeed()
+        with quiet.deepspeed_setup():
+            self._initialize(deepspeed, spec, init_seed)
+        if self.ctx.rank == 0:  # DeepSpeed's one line of the run (its own per-rank ones dropped)
+            accelerator = deepspeed.accelerator.get_accelerator().device_name()
+            print(
+                f"deepspeed {deepspeed.__version__}: ZeRO-{self.parallel.deepspeed.stage} on "
+                f"its {accelerator} accelerator",
+                flush=True,
+            )
+
+    def _initialize(self, deepspeed: Any, spec: ModelSpec, init_seed: int) -> None:
         self.ds_json = to_ds_json(self.cfg, self.ctx.world_size)
         # DeepSpeed calls torch.distributed functions that torch has deprecated, from inside;
         # users can do nothing about it, and the warning repeats on every step.
@@ -84,7 +97,7 @@ class DeepSpeedBackend(Backend):
             materialize_from_spec(module, self.ctx.device, spec, init_seed)
         blocks = get_blocks(module, spec.blocks_path)
         if stage == 3 and self.parallel.deepspeed.leaf_blocks:
-            from deepspeed.utils import set_z3_leaf_modules
+            from deepspeed.utils import set_z3_leaf_modules  # optional: deepspeed
 
             set_z3_leaf_modules(module, [type(blocks[0])])
         apply_ac(
@@ -186,7 +199,7 @@ class DeepSpeedBackend(Backend):
             raise UserError(f"DeepSpeed could not load the checkpoint in {path}")
 
     def _load_neutral(self, view: NeutralView) -> None:
-        from deepspeed.utils import safe_set_full_optimizer_state
+        from deepspeed.utils import safe_set_full_optimizer_state  # optional: deepspeed
 
         module, step = self.model.module, None
         _materialize_optimizer_state_(self.optimizer)
@@ -228,8 +241,8 @@ def _set_full_param_(p: nn.Parameter, full: torch.Tensor, rank: int, masters: bo
     """Set one parameter everywhere DeepSpeed keeps it, from its full tensor: the module's copy
     (this rank's ZeRO-3 partition, or the whole tensor) and, once the optimizer exists
     (``masters``), its fp32 master."""
-    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-    from deepspeed.utils import safe_set_full_fp32_param
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus  # optional: deepspeed
+    from deepspeed.utils import safe_set_full_fp32_param  # optional: deepspeed
 
     if hasattr(p, "ds_tensor"):
         size = p.ds_tensor.ds_numel

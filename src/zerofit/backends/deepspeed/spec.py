@@ -85,13 +85,13 @@ def fp16_supported() -> bool:
     """Whether DeepSpeed's accelerator here runs fp16 (CPUs differ). Without DeepSpeed installed,
     the runtime's own error says how to install it."""
     try:
-        from deepspeed.accelerator import get_accelerator
+        from deepspeed.accelerator import get_accelerator  # optional: deepspeed
     except ImportError:
         return True
     return bool(get_accelerator().is_fp16_supported())
 
 
-class DeepSpeed(Engine):
+class DeepSpeed(Engine[DeepSpeedOptions]):
     name = "deepspeed"
     options = DeepSpeedOptions
     runtime_module = "zerofit.backends.deepspeed.runtime"
@@ -107,7 +107,7 @@ class DeepSpeed(Engine):
     def render_file(self, cfg: Config, world_size: int) -> str:
         return json.dumps(to_ds_json(cfg, world_size), indent=2)
 
-    def check_options(self, opts: Any) -> None:
+    def check_options(self, opts: DeepSpeedOptions) -> None:
         check_path("parallel.deepspeed.config", opts.config)
         check_path("parallel.deepspeed.nvme_path", opts.nvme_path)
 

@@ -41,7 +41,7 @@ FUSED_CPU_ADAM_BW = 41e9  # bytes/s per node, 7 x master-dtype bytes a parameter
 FOREACH_CPU_ADAM_BW = 17e9
 
 
-class FSDP(Engine):
+class FSDP(Engine[FSDPOptions]):
     name = "fsdp"
     options = FSDPOptions
     runtime_module = "zerofit.backends.fsdp.runtime"

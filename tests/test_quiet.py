@@ -1,0 +1,147 @@
+"""A normal run, resume, export or plan prints no third-party warning lines; each filter drops
+exactly its one message (`zerofit.report.quiet`)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+from conftest import deep_update, write_config, zerofit
+
+from zerofit.report import quiet
+
+# What a library's own warning or notice looks like in a run's output.
+NOISE = re.compile(
+    r"\[WARNING\]|Warning: |warnings\.warn|Failed to load |built successfully|^[WE]\d{4} |"
+    r"is deprecated|FutureWarning|UserWarning",
+    re.M,
+)
+
+
+def _record(name: str, msg: str, module: str = "x") -> logging.LogRecord:
+    record = logging.LogRecord(name, logging.WARNING, f"{module}.py", 1, msg, None, None)
+    record.module = module
+    return record
+
+
+def test_each_filter_drops_its_message_and_nothing_else() -> None:
+    drop = [
+        _record("torchao", "Failed to load %s: %s"),
+        _record("DeepSpeed", "Setting accelerator to CPU. If you have GPU...", "real_accelerator"),
+        _record(
+            "torch.utils._pytree",
+            "<enum 'X'> is an Enum subclass and is now natively "
+            "supported by torch.compile as an opaque value type. Calling ...",
+        ),
+    ]
+    keep = [
+        _record("torchao", "float8 is slow here"),
+        _record("DeepSpeed", "Setting accelerator to CPU.", "engine"),  # another module's line
+        _record("DeepSpeed", "overflow, skipping step", "real_accelerator"),
+        _record("torch.utils._pytree", "something else"),
+    ]
+    assert [quiet._FILTER.filter(r) for r in drop] == [False] * len(drop)
+    assert [quiet._FILTER.filter(r) for r in keep] == [True] * len(keep)
+
+
+def test_install_puts_the_filter_on_each_logger_once() -> None:
+    quiet.install()
+    quiet.install()
+    for name in quiet.LOGGERS:
+        assert logging.getLogger(name).filters.count(quiet._FILTER) == 1
+
+
+def test_deepspeed_setup_drops_only_the_build_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with quiet.deepspeed_setup():
+        print("DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully")
+        print("a line of the run")
+        print("DeepSpeed op built successfully, and more")  # not the whole line: kept
+        print("no newline at the end", end="")
+    assert capsys.readouterr().out == (
+        "a line of the run\nDeepSpeed op built successfully, and more\nno newline at the end"
+    )
+
+
+def test_single_process_dcp_drops_only_that_warning() -> None:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet.single_process_dcp():
+            warnings.warn(
+                "torch.distributed is disabled, unavailable or uninitialized, assuming the intent "
+                "is to load in a single process.",
+                UserWarning,
+                stacklevel=1,
+            )
+            warnings.warn("another warning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["another warning"]
+
+
+def _quiet(proc) -> None:  # noqa: ANN001 - a CompletedProcess
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    noise = NOISE.findall(proc.stdout + proc.stderr)
+    assert not noise, (noise, proc.stdout[-2000:], proc.stderr[-3000:])
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_train_resume_across_engines_export_and_plan_print_no_library_noise(tmp_path: Path) -> None:
+    """DeepSpeed trains (its one line on rank 0), FSDP resumes its checkpoint (a single-process
+    DCP read in the launcher, DeepSpeed's reader), the result exports; none prints a library's
+    warning."""
+    one = {"model": {"overrides": {"n_layers": 1}}, "train": {"steps": 2}}
+    ds = write_config(
+        tmp_path / "ds.yaml",
+        deep_update(
+            one,
+            {
+                "parallel": {"backend": "deepspeed", "deepspeed": {"stage": 2}},
+                "log": {"run_dir": str(tmp_path / "ds")},
+            },
+        ),
+    )
+    proc = zerofit("train", "-c", str(ds), "--nproc", "2", cwd=tmp_path, timeout=1800)
+    _quiet(proc)
+    assert (
+        len(re.findall(r"^deepspeed \S+: ZeRO-2 on its cpu accelerator$", proc.stdout, re.M)) == 1
+    )
+    fsdp = write_config(
+        tmp_path / "fsdp.yaml",
+        deep_update(one, {"train": {"steps": 3}, "log": {"run_dir": str(tmp_path / "fsdp")}}),
+    )
+    ckpt = tmp_path / "ds" / "checkpoints" / "step_00000002"
+    proc = zerofit(
+        "train", "-c", str(fsdp), "--nproc", "2", "--resume", str(ckpt), cwd=tmp_path, timeout=1800
+    )
+    _quiet(proc)
+    assert "converted through the engine-neutral form" in proc.stdout + proc.stderr
+    _quiet(
+        zerofit(
+            "export",
+            str(tmp_path / "fsdp"),
+            "--out",
+            str(tmp_path / "hf"),
+            cwd=tmp_path,
+            timeout=1800,
+        )
+    )
+    _quiet(
+        zerofit(
+            "plan", "-c", str(fsdp), "--gpus", "2", "--gpu", "RTX 4090", cwd=tmp_path, timeout=1800
+        )
+    )
+
+
+def test_the_noise_pattern_sees_what_it_is_for() -> None:
+    samples = [
+        "[2026-12-04 19:31:59,907] [WARNING] [real_accelerator.py:213:get_accelerator] Setting ...",
+        "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully",
+        "/x/torch/distributed/checkpoint/utils.py:485: UserWarning: torch.distributed is disabled",
+        "W1204 19:33:40.172000 14583 torch/utils/_pytree.py:630] <enum 'K'> is an Enum subclass",
+        "Failed to load /x/torchao/_C_mxfp8.so: Could not load this library",
+    ]
+    assert all(NOISE.search(s) for s in samples)
+    assert not NOISE.search(io.StringIO("note: resuming from x (step 4)\nweights: none").read())
