@@ -145,3 +145,16 @@ def test_the_noise_pattern_sees_what_it_is_for() -> None:
     ]
     assert all(NOISE.search(s) for s in samples)
     assert not NOISE.search(io.StringIO("note: resuming from x (step 4)\nweights: none").read())
+
+
+def test_torchao_syntax_warnings_are_dropped_and_no_others() -> None:
+    """Python compiling torchao's sources (no bytecode installed) warns about an escape in one of
+    its docstrings; the same warning from any other source still shows."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet.install()
+        for path in ("/site/torchao/quantization/quant_api", "/site/mylib/quant_api"):
+            warnings.warn_explicit(
+                "invalid escape sequence '\\.'", SyntaxWarning, f"{path}.py", 1542, module=path
+            )
+    assert [w.filename for w in seen] == ["/site/mylib/quant_api.py"]

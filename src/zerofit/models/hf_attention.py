@@ -17,7 +17,6 @@ no sliding window, no logit soft-capping, no attention dropout; others keep thei
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import TYPE_CHECKING, Any
 
@@ -71,10 +70,17 @@ def runs_varlen(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda"
 
 
-@functools.cache
+# Memos read inside compiled blocks: plain dicts, which Dynamo traces without the warning it gives
+# for a `functools.cache` wrapper.
+_FLASH: dict[torch.device, bool] = {}
+_PARAMS: dict[Any, frozenset[str]] = {}
+
+
 def _flash_capable(device: torch.device) -> bool:
     """FlashAttention needs compute capability 8.0 (Ampere) or later."""
-    return torch.cuda.get_device_capability(device) >= (8, 0)
+    if device not in _FLASH:
+        _FLASH[device] = torch.cuda.get_device_capability(device) >= (8, 0)
+    return _FLASH[device]
 
 
 def doc_bounds(positions: torch.Tensor | None, batch: int, seq: int, device: torch.device):  # noqa: ANN201
@@ -91,10 +97,11 @@ def doc_bounds(positions: torch.Tensor | None, batch: int, seq: int, device: tor
     return torch.cat([idx, end]).to(torch.int32), seq
 
 
-@functools.cache
 def _params(fn: Any) -> frozenset[str]:
     """The keyword names ``fn`` takes (read once, not in every layer's call)."""
-    return frozenset(inspect.signature(fn).parameters)
+    if fn not in _PARAMS:
+        _PARAMS[fn] = frozenset(inspect.signature(fn).parameters)
+    return _PARAMS[fn]
 
 
 def _varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float | None) -> torch.Tensor:  # fmt: skip

@@ -8,6 +8,8 @@ zerofit makes) and the message; everything else those libraries say still passes
   installed) logs "Failed to load ..." for each optional compiled kernel library that does not load
   against this torch (a CPU build loads none: they are CUDA kernels that float8 training does not
   use), and newer torch logs a deprecation notice for each Enum torchao registers with pytree.
+  Where torchao was installed without bytecode (`pip install --no-compile`), Python 3.12 compiles
+  its sources on import and warns about an invalid escape sequence in one of its docstrings.
 - DeepSpeed logs, on every rank, that it fell back to its CPU accelerator, and prints, on every
   rank, that it built its shared-memory collective op. zerofit says which accelerator DeepSpeed
   runs on once, on rank 0 (`engine_line`).
@@ -46,6 +48,7 @@ class _LibraryNoise(logging.Filter):
 
 
 _FILTER = _LibraryNoise()
+TORCHAO_SOURCES = r".*[/\\]torchao[/\\]"
 LOGGERS = ("torchao", "torch.utils._pytree", "DeepSpeed")
 
 
@@ -56,6 +59,8 @@ def install() -> None:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
+    # a compile-time warning names the source file as its module
+    warnings.filterwarnings("ignore", category=SyntaxWarning, module=TORCHAO_SOURCES)
 
 
 class _DropLines(io.TextIOBase):
