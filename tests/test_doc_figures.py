@@ -1,5 +1,5 @@
-"""Every benchmark figure in README.md and docs/benchmarks/*.md matches its raw data in
-docs/benchmarks/data/, as rounded in the text.
+"""Every benchmark figure in README.md, docs/*.md and docs/benchmarks/*.md matches its raw data
+in docs/benchmarks/data/, as rounded in the text.
 
 The convention, in the markdown:
 
@@ -9,7 +9,8 @@ PATHs are relative to the markdown file and name the raw data (results.json, *.j
 NAME selects a check in CHECKS below, which reads the same files. The comment goes either
 
 - on its own line right above a table or a paragraph (that table, or the lines down to the next
-  blank line), or
+  blank line); a long one may span lines: `<!-- data NAME:` on the first, then PATH lines, then
+  `-->` on the last, right above the table or paragraph; or
 - at the end of a line of a paragraph or list item (that paragraph or item; it does not show
   when rendered).
 
@@ -24,8 +25,8 @@ so does any number the check does not account for.
 
 Paragraphs: the check gives sentences (built from the data) that the text must contain, and
 every figure in the text (a number with a decimal point, a thousands comma, or a % or x suffix)
-must lie inside one of them. In the README's "Numbers" section every paragraph with such a
-figure needs a data comment.
+must lie inside one of them. In the README's "Headline figures" section and in
+docs/benchmarks.md every paragraph with such a figure needs a data comment.
 
 Every ratio a check computes divides two medians measured in one device call.
 """
@@ -46,18 +47,25 @@ from doc_checks_finetune import FINETUNE
 from doc_checks_finetune_fast import DOC as FAST_DOC
 from doc_checks_finetune_fast import FINETUNE_FAST, README_FINETUNE_FAST
 from doc_checks_first_k import DOC as FK_DOC
-from doc_checks_first_k import FIRST_K, README_FIRST_K
+from doc_checks_first_k import FIRST_K, INDEX_FIRST_K
 from doc_checks_speed2 import DOC as S2_DOC
-from doc_checks_speed2 import README_HELDOUT, README_SPEED2, SPEED2
+from doc_checks_speed2 import INDEX_HELDOUT, INDEX_SPEED2, INDEX_ZERO3, README_8B, SPEED2
 from doc_checks_speed2b import DOC as S2B_DOC
-from doc_checks_speed2b import README_24GB, SPEED2B
+from doc_checks_speed2b import INDEX_24GB, INDEX_PLANNER_TODAY, SPEED2B
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "benchmarks" / "data"
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs" / "benchmarks").glob("*.md"))]
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "docs" / "benchmarks").glob("*.md")),
+]
+# Where every paragraph with a figure needs a data comment: (doc, its section or None: all of it).
+FIGURE_PAGES = [("README.md", "## Headline figures"), ("docs/benchmarks.md", None)]
 MIB, GIB = 2**20, 2**30
 
-COMMENT = re.compile(r"(?<!`)<!--\s*data\s+([\w-]+):\s*(.*?)\s*-->")
+COMMENT = re.compile(r"(?<!`)<!--\s*data\s+([\w-]+):\s*(.*?)\s*-->", re.DOTALL)
+OPENS = re.compile(r"^\s*<!--\s*data\s+[\w-]+:")  # a data comment's first line
 NO_DATA = re.compile(r"^\s*<!--\s*no data:\s*\S.*-->\s*$")
 NUMBER = re.compile(
     r"(?<![\w.])(?P<sign>[+\-−]?)(?P<whole>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?"
@@ -111,13 +119,22 @@ def _text_end(lines: list[str], start: int, fenced: list[bool], one_item: bool) 
     return end
 
 
+def _comment_end(doc: Path, lines: list[str], i: int) -> int:
+    """The line that closes a data comment opening on line `i` (`i` itself for one line)."""
+    if not OPENS.match(lines[i]) or "-->" in lines[i]:
+        return i
+    end = next((j for j in range(i + 1, len(lines)) if "-->" in lines[j]), None)
+    assert end is not None, f"{doc}:{i + 1}: a data comment without its -->"
+    return end
+
+
 def blocks(doc: Path) -> tuple[list[Block], list[Block]]:
     """The data-tagged blocks of a doc, and every table in it (tagged or not)."""
     lines = doc.read_text().splitlines()
     fenced = _fenced(lines)
-    tagged, tables = [], []
+    tagged, tables, inside = [], [], -1  # inside: the last line of a multi-line comment
     for i, line in enumerate(lines):
-        if fenced[i]:
+        if fenced[i] or i <= inside:
             continue
         if _is_table(line) and (i == 0 or not _is_table(lines[i - 1])):
             if i > 0 and NO_DATA.match(lines[i - 1]):
@@ -126,12 +143,15 @@ def blocks(doc: Path) -> tuple[list[Block], list[Block]]:
             while end < len(lines) and _is_table(lines[end]):
                 end += 1
             tables.append(Block(doc, i + 1, "table", lines[i:end]))
-        m = COMMENT.search(line)
+        last = _comment_end(doc, lines, i)
+        text = " ".join(part.strip() for part in lines[i : last + 1])
+        m = COMMENT.search(text)
         if not m:
             continue
+        inside = last
         paths = [(doc.parent / p).resolve() for p in m.group(2).split()]
-        if line.strip() == m.group(0):  # on its own line: the block right below
-            start = i + 1
+        if text == m.group(0):  # on its own line(s): the block right below
+            start = last + 1
             if start < len(lines) and _is_table(lines[start]):
                 end = start
                 while end < len(lines) and _is_table(lines[end]):
@@ -343,7 +363,7 @@ def speed_planner() -> dict[str, list]:
     return rows
 
 
-def readme_planner() -> list[str]:
+def planning_accuracy() -> list[str]:
     errors = [p["peak_alloc_gib"] / m["mem_alloc_gib"] - 1 for _, p, m in planner_rows() if m]
     within = sum(abs(e) < 0.10 for e in errors)
     return [
@@ -478,7 +498,7 @@ def readme_1b() -> list[str]:
     ]
 
 
-def readme_speed() -> dict[str, list]:
+def index_speed() -> dict[str, list]:
     b = bench(FIRST)["fsdp bf16-states mbs2 ga2"]
     f, z = bench(PAIR)["fsdp mbs8 ga2"], bench(PAIR)["zero3 mbs8 ga2"]
     t = bench(ALL13)["zero3 optim 50% cpu bf16-states"]
@@ -560,7 +580,7 @@ def ckpt_export() -> list[str]:
     ]
 
 
-def readme_ckpt_verify() -> list[str]:
+def checkpoints_verify() -> list[str]:
     gb = load(COST)["bytes"] / 1e9
     return [
         f"AdamW states ({gb:.1f} GB): {verify(16, True)['s']:.1f} s from disk, "
@@ -568,7 +588,7 @@ def readme_ckpt_verify() -> list[str]:
     ]
 
 
-def readme_export() -> list[str]:
+def checkpoints_export() -> list[str]:
     e = load(COST)["export"]
     return [
         f"({e['peak_rss'] / GIB:.1f} GiB for the 1.5B model in bf16, "
@@ -656,7 +676,7 @@ def faults_disk() -> list[str]:
     ]
 
 
-def readme_preempt() -> list[str]:
+def troubleshooting_preempt() -> list[str]:
     p, gb = preempt(), load(COST)["bytes"] / 1e9
     return [
         f"(an {gb:.0f} GB checkpoint) stopped in {p['fsdp']['seconds_to_exit']:.0f} s with FSDP2 "
@@ -708,6 +728,9 @@ class Check:
 
 
 README, BENCH = "README.md", "docs/benchmarks/"
+INDEX = "docs/benchmarks.md"  # the index of the write-ups, with their headline figures
+PLANNING, CHECKPOINTS = "docs/planning.md", "docs/checkpoints.md"
+TROUBLESHOOTING = "docs/troubleshooting.md"
 SPEED_DOC, CKPT_DOC = BENCH + "2026-12-02-speed-h200.md", BENCH + "2026-12-02-checkpoints-h200.md"
 FAULTS_DOC = BENCH + "2026-12-03-faults-h200.md"
 PLANNER_DATA = [PLANNER, FIRST, BEFORE1, PAIR, ALL13]
@@ -719,12 +742,12 @@ CHECKS: dict[str, Check] = {
     "house-speed-ratio": Check(
         HOUSE_DOC, [HOUSE + f"{n}/results.json" for n in ("8b", "1b")], house_speed_ratio
     ),
-    "readme-planner": Check(README, PLANNER_DATA, readme_planner),
-    "readme-ckpt-verify": Check(README, [COST], readme_ckpt_verify),
-    "readme-export": Check(README, [COST], readme_export),
-    "readme-preempt": Check(README, [PREEMPT, COST], readme_preempt),
     "readme-1b": Check(README, [PAIR], readme_1b),
-    "readme-speed": Check(README, [HOUSE8B, FIRST, PAIR, ALL13], readme_speed),
+    "planning-accuracy": Check(PLANNING, PLANNER_DATA, planning_accuracy),
+    "checkpoints-verify": Check(CHECKPOINTS, [COST], checkpoints_verify),
+    "checkpoints-export": Check(CHECKPOINTS, [COST], checkpoints_export),
+    "troubleshooting-preempt": Check(TROUBLESHOOTING, [PREEMPT, COST], troubleshooting_preempt),
+    "benchmarks-speed": Check(INDEX, [HOUSE8B, FIRST, PAIR, ALL13], index_speed),
     "speed-8b-first": Check(SPEED_DOC, [FIRST], speed_8b_first),
     "speed-8b-first-ratio": Check(SPEED_DOC, [FIRST], speed_8b_first_text),
     "speed-1b-pair": Check(SPEED_DOC, [PAIR], speed_1b),
@@ -752,14 +775,18 @@ CHECKS: dict[str, Check] = {
 }
 CHECKS.update({name: Check(FT_DOC, data, fn) for name, (data, fn) in FINETUNE.items()})
 CHECKS["readme-finetune-fast"] = Check(README, *README_FINETUNE_FAST)
+CHECKS["benchmarks-finetune-fast"] = Check(INDEX, *README_FINETUNE_FAST)
 CHECKS.update({name: Check(FAST_DOC, data, fn) for name, (data, fn) in FINETUNE_FAST.items()})
 CHECKS.update({name: Check(S2_DOC, data, fn) for name, (data, fn) in SPEED2.items()})
-CHECKS["readme-speed2"] = Check(README, *README_SPEED2)
-CHECKS["readme-speed2-heldout"] = Check(README, *README_HELDOUT)
+CHECKS["readme-8b"] = Check(README, *README_8B)
+CHECKS["benchmarks-speed2"] = Check(INDEX, *INDEX_SPEED2)
+CHECKS["benchmarks-zero3-8b"] = Check(INDEX, *INDEX_ZERO3)
+CHECKS["benchmarks-planner-heldout"] = Check(INDEX, *INDEX_HELDOUT)
 CHECKS.update({name: Check(S2B_DOC, d, fn, key) for name, (d, fn, key) in SPEED2B.items()})
-CHECKS["readme-24gb"] = Check(README, *README_24GB)
+CHECKS["benchmarks-24gb"] = Check(INDEX, *INDEX_24GB)
+CHECKS["benchmarks-planner-today"] = Check(INDEX, *INDEX_PLANNER_TODAY)
 CHECKS.update({name: Check(FK_DOC, d, fn, key) for name, (d, fn, key) in FIRST_K.items()})
-CHECKS["readme-first-k"] = Check(README, *README_FIRST_K)
+CHECKS["benchmarks-first-k"] = Check(INDEX, *INDEX_FIRST_K)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -816,18 +843,38 @@ def test_figures_match_their_data(name: str) -> None:
     assert not errors, f"{found[0].where()} ({name}):\n" + "\n".join(errors)
 
 
-def test_readme_numbers_paragraphs_name_their_data() -> None:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Numbers") :]
-    section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
-    for para in re.split(r"\n\s*\n", section):
-        if para.lstrip().startswith(("|", "<!--")) or not any(
-            is_figure(m) for m in NUMBER.finditer(COMMENT.sub(" ", para))
-        ):
-            continue
-        assert COMMENT.search(para), (
-            f"README Numbers: a paragraph with figures and no data: {para!r}"
-        )
+def figure_paragraphs(text: str, heading: str | None) -> list[str]:
+    """The paragraphs (outside code fences) of `text`, or of its section under `heading`, that
+    state a figure; tables are left to test_every_table_names_its_data."""
+    if heading is not None:
+        text = text[text.index(heading) :]
+        text = text[: text.index("\n## ", 1)] if "\n## " in text[1:] else text
+    fenced = _fenced(text.splitlines())
+    text = "\n".join("" if f else line for line, f in zip(text.splitlines(), fenced, strict=True))
+    return [
+        para
+        for para in re.split(r"\n\s*\n", text)
+        if not any(_is_table(line) for line in para.splitlines())
+        and any(is_figure(m) for m in NUMBER.finditer(COMMENT.sub(" ", para)))
+    ]
+
+
+@pytest.mark.parametrize(("doc", "heading"), FIGURE_PAGES)
+def test_figure_paragraphs_name_their_data(doc: str, heading: str | None) -> None:
+    text = (ROOT / doc).read_text()
+    for para in figure_paragraphs(text, heading):
+        assert COMMENT.search(para), f"{doc}: a paragraph with figures and no data: {para!r}"
+
+
+def test_the_figure_paragraph_finder_finds_them() -> None:
+    text = (
+        "# T\n\nIntro.\n\n## Figures\n\nIt ran 1.5 s.\n\n<!-- data a: x.json -->\nIt ran 2.5 s."
+        "\n\n<!-- data b:\n  y.json\n-->\nIt ran 3.5 s.\n\n```\n4.5 s\n```\n\n| t | 5.5 |\n\n"
+        "## Next\n\nIt ran 6.5 s.\n"
+    )
+    found = figure_paragraphs(text, "## Figures")
+    assert found == ["It ran 1.5 s.", "<!-- data a: x.json -->\nIt ran 2.5 s.", found[2]]
+    assert [bool(COMMENT.search(p)) for p in found] == [False, True, True]
 
 
 def _bump(text: str, m: re.Match) -> str:
@@ -894,13 +941,22 @@ def test_tables_and_tags_are_found(tmp_path: Path) -> None:
         "<!-- no data: options -->\n| option | meaning |\n|---|---|\n| k | v |\n\n"
         "```\n| in a fence | b |\n```\n\n"
         "- item one 3.5 s <!-- data t2: b.json -->\n  continued\n- item two 4.5 s\n\n"
-        "<!-- data t3: c.json -->\n- first 5.5 s\n- second 6.5 s\n"
+        "<!-- data t3: c.json -->\n- first 5.5 s\n- second 6.5 s\n\n"
+        "<!-- data t4:\n  d.json\n  e.json\n-->\n| a | b |\n|---|---:|\n| z | 7.0 |\n\n"
+        "<!-- data t5:\n  f.json -->\nA paragraph 8.5 s\nlong.\n"
     )
     tagged, tables = blocks(doc)
     assert [(b.name, b.kind, b.line, len(b.lines)) for b in tagged] == [
         ("t1", "table", 4, 3),
         ("t2", "text", 21, 2),
         ("t3", "text", 26, 2),
+        ("t4", "table", 33, 3),
+        ("t5", "text", 39, 2),
     ]
-    assert [t.line for t in tables] == [4, 8]  # the tagged table and the untagged one
+    assert [t.line for t in tables] == [4, 8, 33]  # tagged, untagged, multi-line tagged
     assert tagged[0].paths == [tmp_path / "a.json"]
+    assert tagged[3].paths == [tmp_path / "d.json", tmp_path / "e.json"]
+    assert tagged[4].paths == [tmp_path / "f.json"]
+    doc.write_text("<!-- data t6:\n  g.json\n| a | b |\n")
+    with pytest.raises(AssertionError, match="without its -->"):
+        blocks(doc)

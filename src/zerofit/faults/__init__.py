@@ -1,5 +1,5 @@
 """What a run does when things go wrong: preemption signals, non-finite values, dead ranks and
-failed writes, each ending in one line (see README "When things go wrong").
+failed writes, each ending in one line (see docs/troubleshooting.md).
 
 - `signals`: a worker's SIGTERM/SIGINT become "stop after this optimizer step".
 - `step_gate`: the one per-step agreement across ranks (apply this update? was a stop asked?).

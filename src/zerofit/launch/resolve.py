@@ -1,7 +1,7 @@
 """`resolve(cfg, world_size, device_type)`: everything about a config that depends on where it runs.
 
-It runs once, in the launcher (or, under an external torchrun/srun, in each joining process before
-anything else), and its result is saved as the run's config.yaml; workers trust that file. Order:
+It runs once, in the launcher (or, under an external torchrun/srun, on rank 0 before the others
+train), and its result is saved as the run's config.yaml; workers trust that file. Order:
 - `parallel.compile: auto` becomes true on CUDA, false on CPU;
 - `parallel.backend: auto` becomes the planner's pick for this machine;
 - `precision.mode: auto` and the unset dtypes become explicit (bf16 on GPU, fp32 on CPU);

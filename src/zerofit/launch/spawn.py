@@ -7,7 +7,7 @@ the workers' line. A second signal kills the workers at once (the checkpoint bei
 any, is left incomplete and ignored; the previous one stays the newest).
 
 Failures: `train.max_restarts` becomes the agent's restart budget (each restart resumes from the
-newest verified checkpoint, see zerofit.train.trainer.restart_checkpoint). When the budget is spent, the
+newest verified checkpoint, see zerofit.train.run.restart_checkpoint). When the budget is spent, the
 root cause among the workers' records and exit statuses is printed (zerofit.faults.report).
 """
 
