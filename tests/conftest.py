@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -37,7 +40,8 @@ def write_config(path: Path, extra: dict | None = None) -> Path:
     return path
 
 
-def zerofit(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+def zerofit(*args: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    """`zerofit ARGS` in a subprocess; ``timeout`` is a hang guard (a launch takes 5-40 s)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     src = str(Path(__file__).resolve().parents[1] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
@@ -71,22 +75,118 @@ def train_run(tmp: Path, name: str, extra: dict | None = None, *args: str) -> Pa
     return run_dir
 
 
-def assert_resume_exact(tmp: Path, extra: dict) -> tuple[Path, Path]:
-    """Train 10 steps (checkpoint every 5) in tmp/full; resume a copy of the step-5 checkpoint in
-    tmp/cut, as if the run had died at step 7; steps 6-10 must log bitwise-equal losses."""
+def assert_resume_exact(tmp: Path, full: Path, extra: dict, nproc: int = 2) -> Path:
+    """``full`` trained 10 steps of TINY + extra with a checkpoint at step 5 (a shared run, or one
+    of the test's own); resume a copy of its step-5 checkpoint in tmp/cut, as if the run had died
+    at step 7: steps 6-10 must log bitwise-equal losses. Returns the cut run's directory."""
     import shutil
 
-    extra = deep_update(extra, {"checkpoint": {"every": 5}})
-    full = train_run(tmp, "full", extra, "--nproc", "2")
     cut = tmp / "cut"
     shutil.copytree(full / "checkpoints" / "step_00000005", cut / "checkpoints" / "step_00000005")
     cfg = write_config(tmp / "cut.yaml", deep_update(extra, {"log": {"run_dir": str(cut)}}))
-    proc = zerofit("train", "-c", str(cfg), "--nproc", "2", "--resume", cwd=tmp)
+    proc = zerofit("train", "-c", str(cfg), "--nproc", str(nproc), "--resume", cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-4000:]
     before, after = losses(full), losses(cut)
     assert sorted(after) == [6, 7, 8, 9, 10]
     assert all(after[s] == before[s] for s in after), {s: (before[s], after[s]) for s in after}
-    return full, cut
+    return cut
+
+
+# Runs that several test files read alike: TINY (10 steps) + a layout, with a checkpoint at steps 5
+# and 10 (resume tests cut at step 5), global batch 8 (micro-batch 4 on 2 ranks, or accumulation
+# on 1). Each is trained once per session, by the first test that asks for it (`shared_run`); a
+# test that writes into one copies it first. Process start-up (torch, gloo, DeepSpeed) is most of a
+# run's time on CPU, so sharing runs is what keeps the suite short.
+CKPT5 = {"checkpoint": {"every": 5}}
+_ZERO = {"parallel": {"backend": "deepspeed"}}
+SHARED: dict[str, tuple[dict, int]] = {
+    "fsdp@2": ({"parallel": {"backend": "fsdp", "fsdp": {"reshard_after_forward": True}}}, 2),
+    "fsdp-hybrid@2": ({"parallel": {"backend": "fsdp", "fsdp": {"replicate_degree": 2}}}, 2),
+    "fsdp-bf16@2": ({"parallel": {"backend": "fsdp"}, "precision": {"mode": "bf16"}}, 2),
+    "ddp@2": ({"parallel": {"backend": "ddp"}}, 2),
+    "ddp@1": ({"parallel": {"backend": "ddp"}, "train": {"grad_accum_steps": 2}}, 1),
+    "zero1@2": (deep_update(_ZERO, {"parallel": {"deepspeed": {"stage": 1}}}), 2),
+    "zero2@2": (deep_update(_ZERO, {"parallel": {"deepspeed": {"stage": 2}}}), 2),
+    "zero3@2": (deep_update(_ZERO, {"parallel": {"deepspeed": {"stage": 3}}}), 2),
+    "zero3-offload@2": (
+        deep_update(
+            _ZERO,
+            {
+                "parallel": {
+                    "deepspeed": {"stage": 3, "offload_optimizer": "cpu", "pin_memory": False}
+                }
+            },
+        ),
+        2,
+    ),
+    "zero3@1": (
+        deep_update(
+            _ZERO,
+            {
+                "parallel": {"deepspeed": {"stage": 3}},
+                "train": {"micro_batch_size": 2, "grad_accum_steps": 4},
+            },
+        ),
+        1,
+    ),
+}
+
+
+def shared_extra(name: str) -> dict:
+    """The config (beside TINY) a shared run trained with: CKPT5 + its layout."""
+    return deep_update(CKPT5, SHARED[name][0])
+
+
+class SharedRuns:
+    """``shared_run(name)``: the run directory of SHARED[name], trained on first use (it waits);
+    ``shared_run.start(*names)`` starts them in the background (POOL) and returns at once."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.futures: dict[str, Future[Path]] = {}
+
+    def start(self, *names: str) -> None:
+        for name in names:
+            if name in self.futures or (_deepspeed_run(name) and not _HAS_DEEPSPEED):
+                continue  # without DeepSpeed, asking for the run skips the test that asks
+            extra, nproc = shared_extra(name), str(SHARED[name][1])
+            run = name.replace("@", "-at")
+            self.futures[name] = POOL.submit(train_run, self.root, run, extra, "--nproc", nproc)
+
+    def __call__(self, name: str) -> Path:
+        if _deepspeed_run(name):
+            pytest.importorskip("deepspeed")
+        self.start(name)
+        return self.futures[name].result()
+
+
+def _deepspeed_run(name: str) -> bool:
+    return SHARED[name][0].get("parallel", {}).get("backend") == "deepspeed"
+
+
+_HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+
+
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory: pytest.TempPathFactory) -> SharedRuns:
+    return SharedRuns(tmp_path_factory.mktemp("shared"))
+
+
+# Launches in the background, two at a time: a launch is mostly process start-up (imports, much of
+# it on one core), so two at once keep both cores busy where one leaves a core idle. A module
+# starts its runs here (`POOL.submit(train_run, ...)`) and each test waits for its own.
+POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zerofit-run")
+
+
+def wait_all(futures: Iterable[Future]) -> None:
+    """Wait for background launches (their errors are the tests' to report): a module's fixture
+    calls this at teardown, so that nothing of it runs on into the next module."""
+    for future in futures:
+        future.exception()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    POOL.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.fixture(scope="session")

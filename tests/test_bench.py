@@ -90,6 +90,7 @@ def test_measure_takes_the_median_after_warmup() -> None:
     assert m["real_tokens_per_s"] == pytest.approx(statistics.median([2900, 1000, 1800, 29.5]))
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_bench_runs_every_engine_on_cpu(tmp_path: Path) -> None:
     """ddp, fsdp and deepspeed at 2 processes plus one variant that fails: all reported, table and

@@ -256,6 +256,7 @@ def test_bad_profile_value_is_one_line(capsys: pytest.CaptureFixture[str]) -> No
     assert err.startswith("error: --profile -1") and len(err.splitlines()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_bench_profile_on_cpu(tmp_path: Path) -> None:
     """2 gloo processes: the timed steps as before, then a trace and a breakdown per variant."""

@@ -8,12 +8,25 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
 import zipfile
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import deep_update, losses, train_run, write_config, zerofit
+from conftest import (
+    POOL,
+    SHARED,
+    deep_update,
+    losses,
+    shared_extra,
+    wait_all,
+    write_config,
+    zerofit,
+)
 
 from zerofit.checkpoint import manifest, select_checkpoint, verify
 from zerofit.checkpoint.safe_load import load_dcp_metadata
@@ -21,21 +34,16 @@ from zerofit.errors import UserError
 
 pytestmark = pytest.mark.dist
 
-ENGINES = {
-    "fsdp": ({"parallel": {"backend": "fsdp"}}, 2),
-    "z3": ({"parallel": {"backend": "deepspeed", "deepspeed": {"stage": 3}}}, 2),
-    "z1": ({"parallel": {"backend": "deepspeed", "deepspeed": {"stage": 1}}}, 2),
-}
-BASE = {"train": {"steps": 3}, "checkpoint": {"every": 1, "keep_last": 3}}
+# Each engine's checkpoints are those of conftest's shared 10-step runs (steps 5 and 10); the tests
+# damage copies of them.
+ENGINES = {"fsdp": "fsdp@2", "z3": "zero3@2", "z1": "zero1@2"}
+LAST = 10  # the newest checkpoint's step
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    tmp = tmp_path_factory.mktemp("safety")
-    return {
-        name: train_run(tmp, name, deep_update(BASE, extra), "--nproc", str(n))
-        for name, (extra, n) in ENGINES.items()
-    }
+def runs(shared_run) -> dict[str, Path]:  # noqa: ANN001
+    shared_run.start(*ENGINES.values())  # together, in the background
+    return {name: shared_run(layout) for name, layout in ENGINES.items()}
 
 
 class Payload:
@@ -85,7 +93,7 @@ def _torch_blob(obj: object) -> bytes:
     return buf.getvalue()
 
 
-def fresh_copy(run: Path, tmp: Path, step: int = 3) -> tuple[Path, Path]:
+def fresh_copy(run: Path, tmp: Path, step: int = LAST) -> tuple[Path, Path]:
     ckpt = run / "checkpoints" / f"step_{step:08d}"
     dest = tmp / "run"
     shutil.copytree(ckpt, dest / "checkpoints" / ckpt.name)
@@ -93,12 +101,15 @@ def fresh_copy(run: Path, tmp: Path, step: int = 3) -> tuple[Path, Path]:
 
 
 def resume(tmp: Path, run: Path, engine: str, target: str | None = None, *extra: str):
-    extra_cfg, n = ENGINES[target or engine]
+    """`zerofit train --resume ...` of ``run`` with the layout of ``target`` (default: its own),
+    one step past the end of the shared runs."""
+    layout = ENGINES[target or engine]
     cfg = write_config(
-        tmp / "c.yaml", deep_update(deep_update(BASE, extra_cfg), {"log": {"run_dir": str(run)}})
+        tmp / "c.yaml", deep_update(shared_extra(layout), {"log": {"run_dir": str(run)}})
     )
+    steps = ("--train.steps", str(LAST + 1))
     return zerofit(
-        "train", "-c", str(cfg), "--nproc", str(n), "--train.steps", "4", *extra, cwd=tmp
+        "train", "-c", str(cfg), "--nproc", str(SHARED[layout][1]), *steps, *extra, cwd=tmp
     )
 
 
@@ -126,29 +137,105 @@ CASES = [  # (engine whose checkpoint, file, engine that resumes it)
 ]
 
 
+@dataclass
+class Launch:
+    """A `zerofit` command on a prepared copy of a shared run, started in the background."""
+
+    tmp: Path  # the launch's own directory
+    run: Path  # the run directory it continues (or exports)
+    ckpt: Path  # the checkpoint it loads
+    future: Future[subprocess.CompletedProcess]
+
+    @property
+    def marker(self) -> Path:  # a planted payload creates this file if it ever runs
+        return self.tmp / "PWNED"
+
+    def proc(self) -> subprocess.CompletedProcess:
+        return self.future.result()
+
+
+def _payload(runs: dict[str, Path], tmp: Path, engine: str, rel: str, target: str | None) -> Launch:
+    run, ckpt = fresh_copy(runs[engine], tmp)
+    plant(ckpt / rel, tmp / "PWNED")
+    rehash(ckpt)  # so the loader itself must refuse, not just the manifest
+    return Launch(
+        tmp, run, ckpt, POOL.submit(resume, tmp, run, engine, target, "--resume", str(ckpt))
+    )
+
+
+def _script_beside(runs: dict[str, Path], tmp: Path) -> Launch:
+    run, ckpt = fresh_copy(runs["z3"], tmp)
+    plant(ckpt / "zero_to_fp32.py", tmp / "PWNED")
+    rehash(ckpt)
+    return Launch(tmp, run, ckpt, POOL.submit(resume, tmp, run, "z3", None, "--resume", str(ckpt)))
+
+
+def _damaged_newest(runs: dict[str, Path], tmp: Path) -> Launch:
+    run = tmp / "run"
+    shutil.copytree(runs["fsdp"], run)
+    (run / "config.yaml").unlink()
+    newest = run / "checkpoints" / f"step_{LAST:08d}"
+    (newest / "meta.json").unlink()
+    # what --resume takes, before the launch saves anew
+    ckpt = select_checkpoint(run / "checkpoints")[0]
+    return Launch(tmp, run, ckpt, POOL.submit(resume, tmp, run, "fsdp", None, "--resume"))
+
+
+def _rank1_incomplete(runs: dict[str, Path], tmp: Path) -> Launch:
+    run, ckpt = fresh_copy(runs["fsdp"], tmp)
+    (ckpt / "rank1.json").write_text(json.dumps({"data": {}}))
+    rehash(ckpt)  # passes the manifest; only rank 1 finds its state incomplete
+    return Launch(
+        tmp, run, ckpt, POOL.submit(resume, tmp, run, "fsdp", None, "--resume", str(ckpt))
+    )
+
+
+def _export_payload(runs: dict[str, Path], tmp: Path) -> Launch:
+    run = tmp / "run"
+    shutil.copytree(runs["z3"], run)
+    ckpt = run / "checkpoints" / f"step_{LAST:08d}"
+    plant(ckpt / "model" / "zero_pp_rank_0_mp_rank_00_optim_states.pt", tmp / "PWNED")
+    rehash(ckpt)
+    export = POOL.submit(zerofit, "export", str(run), "--out", str(tmp / "hf"), cwd=tmp)
+    return Launch(tmp, run, ckpt, export)
+
+
+@pytest.fixture(scope="module")
+def launches(runs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:  # noqa: ANN001
+    """Every test below that runs `zerofit train --resume` or `zerofit export` on a damaged or
+    planted copy: each copy prepared here, all the launches started together in the background
+    (two at a time); each test checks its own."""
+    out: dict = {}
+    for case in CASES:
+        out[case] = _payload(runs, tmp_path_factory.mktemp("payload"), *case)
+    for name, prepare in (
+        ("script beside", _script_beside),
+        ("damaged newest", _damaged_newest),
+        ("rank 1 incomplete", _rank1_incomplete),
+        ("export payload", _export_payload),
+    ):
+        out[name] = prepare(runs, tmp_path_factory.mktemp(name.replace(" ", "-")))
+    yield out
+    wait_all(launch.future for launch in out.values())
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("engine", "rel", "target"), CASES, ids=[f"{e}:{r}>{t or e}" for e, r, t in CASES]
 )
-def test_payloads_never_run(
-    runs, tmp_path: Path, engine: str, rel: str, target: str | None
-) -> None:  # noqa: ANN001
-    run, ckpt = fresh_copy(runs[engine], tmp_path)
-    marker = tmp_path / "PWNED"
-    plant(ckpt / rel, marker)
-    rehash(ckpt)  # so the loader itself must refuse, not just the manifest
-    proc = resume(tmp_path, run, engine, target, "--resume", str(ckpt))
-    assert not marker.exists(), "a payload in the checkpoint ran"
-    assert_one_line_error(proc, ckpt.name)
+def test_payloads_never_run(launches, engine: str, rel: str, target: str | None) -> None:  # noqa: ANN001
+    launch = launches[(engine, rel, target)]
+    proc = launch.proc()
+    assert not launch.marker.exists(), "a payload in the checkpoint ran"
+    assert_one_line_error(proc, launch.ckpt.name)
 
 
-def test_scripts_beside_a_checkpoint_never_run(runs, tmp_path: Path) -> None:  # noqa: ANN001
-    run, ckpt = fresh_copy(runs["z3"], tmp_path)
-    marker = tmp_path / "PWNED"
-    plant(ckpt / "zero_to_fp32.py", marker)
-    rehash(ckpt)
-    proc = resume(tmp_path, run, "z3", None, "--resume", str(ckpt))
+@pytest.mark.slow
+def test_scripts_beside_a_checkpoint_never_run(launches) -> None:  # noqa: ANN001
+    launch = launches["script beside"]
+    proc = launch.proc()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert not marker.exists()
+    assert not launch.marker.exists()
 
 
 def _truncate(p: Path) -> None:
@@ -175,6 +262,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(DAMAGE))
 def test_damage_is_named(runs, tmp_path: Path, kind: str) -> None:  # noqa: ANN001
     rel, damage = DAMAGE[kind]
@@ -185,6 +273,7 @@ def test_damage_is_named(runs, tmp_path: Path, kind: str) -> None:  # noqa: ANN0
     assert rel in str(e.value) and str(ckpt) in str(e.value)
 
 
+@pytest.mark.slow
 def test_deleted_manifest_and_bad_manifest(runs, tmp_path: Path) -> None:  # noqa: ANN001
     _, ckpt = fresh_copy(runs["fsdp"], tmp_path)
     (ckpt / "manifest.json").write_text("not json")
@@ -195,6 +284,7 @@ def test_deleted_manifest_and_bad_manifest(runs, tmp_path: Path) -> None:  # noq
         verify(ckpt)
 
 
+@pytest.mark.slow
 def test_meta_checked_even_when_manifest_is_forged(runs, tmp_path: Path) -> None:  # noqa: ANN001
     _, ckpt = fresh_copy(runs["fsdp"], tmp_path)
     (ckpt / "meta.json").write_text(
@@ -205,31 +295,28 @@ def test_meta_checked_even_when_manifest_is_forged(runs, tmp_path: Path) -> None
         verify(ckpt)
 
 
-def test_resume_skips_a_damaged_newest_checkpoint_by_name(runs, tmp_path: Path) -> None:  # noqa: ANN001
-    src = runs["fsdp"]
-    run = tmp_path / "run"
-    shutil.copytree(src, run)
-    (run / "config.yaml").unlink()
-    newest = run / "checkpoints" / "step_00000003"
-    (newest / "meta.json").unlink()
-    assert select_checkpoint(run / "checkpoints")[0].name == "step_00000002"
-    proc = resume(tmp_path, run, "fsdp", None, "--resume")
+@pytest.mark.slow
+def test_resume_skips_a_damaged_newest_checkpoint_by_name(runs, launches) -> None:  # noqa: ANN001
+    launch = launches["damaged newest"]  # step 10's meta.json deleted, config.yaml too
+    src, run = runs["fsdp"], launch.run
+    assert launch.ckpt.name == "step_00000005"  # select_checkpoint, before the launch
+    proc = launch.proc()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "skipping damaged checkpoint step_00000003" in proc.stderr
-    assert "train.steps 3 -> 4: the cosine schedule is re-stretched to end at step 4" in proc.stderr
-    assert "resuming from" in proc.stderr and "step_00000002" in proc.stderr
+    assert f"skipping damaged checkpoint step_{LAST:08d}" in proc.stderr
+    assert (
+        f"train.steps {LAST} -> {LAST + 1}: the cosine schedule is re-stretched to end at step "
+        f"{LAST + 1}" in proc.stderr
+    )
+    assert "resuming from" in proc.stderr and "step_00000005" in proc.stderr
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert steps == sorted(set(steps)) == [1, 2, 3, 4]  # one record per step
+    assert steps == sorted(set(steps)) == list(range(1, LAST + 2))  # one record per step
     assert (run / "metrics.abandoned.jsonl").is_file()
-    assert losses(run)[3] == pytest.approx(losses(src)[3], rel=1e-6)  # step 3 re-run exactly
+    assert losses(run)[6] == pytest.approx(losses(src)[6], rel=1e-6)  # step 6 re-run exactly
 
 
-def test_an_error_on_rank_1_reaches_the_user(runs, tmp_path: Path) -> None:  # noqa: ANN001
-    run, ckpt = fresh_copy(runs["fsdp"], tmp_path)
-    (ckpt / "rank1.json").write_text(json.dumps({"data": {}}))
-    rehash(ckpt)  # passes the manifest; only rank 1 finds its state incomplete
-    proc = resume(tmp_path, run, "fsdp", None, "--resume", str(ckpt))
-    assert_one_line_error(proc, "rank1.json")
+@pytest.mark.slow
+def test_an_error_on_rank_1_reaches_the_user(launches) -> None:  # noqa: ANN001
+    assert_one_line_error(launches["rank 1 incomplete"].proc(), "rank1.json")
 
 
 def test_no_ranks_state_is_needed_beyond_its_own_sha(tmp_path: Path) -> None:
@@ -239,28 +326,26 @@ def test_no_ranks_state_is_needed_beyond_its_own_sha(tmp_path: Path) -> None:
     assert manifest.sha256_file(f) == (20_000_000, hashlib.sha256(f.read_bytes()).hexdigest())
 
 
-def test_export_refuses_a_planted_payload(runs, tmp_path: Path) -> None:  # noqa: ANN001
-    run = tmp_path / "run"
-    shutil.copytree(runs["z3"], run)
-    ckpt = run / "checkpoints" / "step_00000003"
-    marker = tmp_path / "PWNED"
-    plant(ckpt / "model" / "zero_pp_rank_0_mp_rank_00_optim_states.pt", marker)
-    rehash(ckpt)
-    proc = zerofit("export", str(run), "--out", str(tmp_path / "hf"), cwd=tmp_path)
-    assert not marker.exists()
+@pytest.mark.slow
+def test_export_refuses_a_planted_payload(launches) -> None:  # noqa: ANN001
+    launch = launches["export payload"]
+    proc = launch.proc()
+    assert not launch.marker.exists()
     assert_one_line_error(proc, "zero_pp_rank_0_mp_rank_00_optim_states.pt")
-    assert not (tmp_path / "hf").exists()
+    assert not (launch.tmp / "hf").exists()
 
 
+@pytest.mark.slow
 def test_meta_step_must_match_the_directory(runs, tmp_path: Path) -> None:  # noqa: ANN001
     _, ckpt = fresh_copy(runs["fsdp"], tmp_path)
     meta = json.loads((ckpt / "meta.json").read_text())
     (ckpt / "meta.json").write_text(json.dumps({**meta, "step": 1}))
     rehash(ckpt)
-    with pytest.raises(UserError, match="meta.json says step 1, the directory step 3"):
+    with pytest.raises(UserError, match=f"meta.json says step 1, the directory step {LAST}"):
         verify(ckpt)
 
 
+@pytest.mark.slow
 def test_a_symlink_or_fifo_is_never_read(runs, tmp_path: Path) -> None:  # noqa: ANN001
     _, ckpt = fresh_copy(runs["fsdp"], tmp_path)
     target = ckpt / "model" / "__1_0.distcp"

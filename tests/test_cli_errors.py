@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import train_run, write_config, zerofit
+from conftest import write_config, zerofit
 
 from zerofit.cli import main
 
@@ -79,14 +80,16 @@ def test_existing_run_dir_is_not_overwritten(capsys, tmp_path: Path) -> None:
     ) == ["config.yaml"]
 
 
+@pytest.mark.slow
 @pytest.mark.dist
-def test_checkpoint_from_another_model_is_refused(capsys, tmp_path: Path) -> None:
-    run = train_run(tmp_path, "run", {"train": {"steps": 2}}, "--nproc", "1")
+def test_checkpoint_from_another_model_is_refused(capsys, tmp_path: Path, shared_run) -> None:  # noqa: ANN001
+    run = tmp_path / "run"
+    shutil.copytree(shared_run("ddp@1"), run)  # 10 steps on 1 process
     before = sorted((p.relative_to(run), p.stat().st_mtime_ns) for p in run.rglob("*"))
     cfg = write_config(
         tmp_path / "other.yaml",
         {
-            "train": {"steps": 4},
+            "train": {"steps": 12},
             "model": {"overrides": {"n_layers": 3}},
             "log": {"run_dir": str(run)},
         },
@@ -95,7 +98,7 @@ def test_checkpoint_from_another_model_is_refused(capsys, tmp_path: Path) -> Non
     assert "is for a different run: model.args.n_layers is 2 there, 3 here" in err, err
     cfg = write_config(
         tmp_path / "other.yaml",
-        {"train": {"steps": 4}, "model": {"seq_len": 32}, "log": {"run_dir": str(run)}},
+        {"train": {"steps": 12}, "model": {"seq_len": 32}, "log": {"run_dir": str(run)}},
     )
     err = run_main(capsys, "-c", str(cfg), "--nproc", "1", "--resume")
     assert "model.seq_len is 64 there, 32 here" in err, (

@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
-from conftest import assert_resume_exact, losses, train_run, write_config, zerofit
+from conftest import (
+    POOL,
+    assert_resume_exact,
+    losses,
+    shared_extra,
+    train_run,
+    wait_all,
+    write_config,
+    zerofit,
+)
 
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.dist
@@ -27,18 +38,36 @@ ZERO = {
 }
 # Keys of the `parallel` section (beside `deepspeed`) a case sets.
 PARALLEL_EXTRA = {"zero3_activation_checkpointing": {"activation_checkpointing": "full"}}
+# The cases that are conftest's shared runs (other files resume, inspect or export them).
+SHARED_ZERO = {
+    "zero1": "zero1@2",
+    "zero2": "zero2@2",
+    "zero3": "zero3@2",
+    "zero3_offload_optimizer_cpu": "zero3-offload@2",
+}
 # checkpoint_wrapper's segment in a parameter's name: present exactly where a block is checkpointed.
 AC_SEGMENT = "._checkpoint_wrapped_module."
 
-_runs: dict[str, Path] = {}
+PARTIAL = {"stage": 3, "offload_optimizer": "cpu", "offload_ratio": 0.5, "sub_group_size": 100_000}
 
 
-def zero_run(session_tmp: Path, name: str) -> Path:
-    """One training run per case per session (the AC case also compares against plain zero3)."""
-    if name not in _runs:
-        parallel = {"backend": "deepspeed", "deepspeed": ZERO[name], **PARALLEL_EXTRA.get(name, {})}
-        _runs[name] = train_run(session_tmp, name, {"parallel": parallel}, "--nproc", "2")
-    return _runs[name]
+@pytest.fixture(scope="module")
+def zero_runs(session_tmp: Path, shared_run) -> Iterator[dict[str, Callable[[], Path]]]:  # noqa: ANN001
+    """One training run per case (the AC case also compares against plain zero3; the partial
+    offload is the last test's), all started together in the background (two at a time)."""
+    shared_run.start("fsdp@2", *SHARED_ZERO.values())
+    for name, layout in SHARED_ZERO.items():
+        assert shared_extra(layout)["parallel"]["deepspeed"] == ZERO[name]
+    cases = {name: ZERO[name] for name in ZERO if name not in SHARED_ZERO}
+    cases["zero3_partial_offload"] = {**PARTIAL, "pin_memory": False}
+    local = {}
+    for name, zero in cases.items():
+        parallel = {"backend": "deepspeed", "deepspeed": zero, **PARALLEL_EXTRA.get(name, {})}
+        extra = {"parallel": parallel}
+        local[name] = POOL.submit(train_run, session_tmp, name, extra, "--nproc", "2")
+    runs = {name: partial(shared_run, layout) for name, layout in SHARED_ZERO.items()}
+    yield runs | {name: future.result for name, future in local.items()}
+    wait_all(local.values())
 
 
 def sharding_reports(run: Path) -> list[dict]:
@@ -46,15 +75,16 @@ def sharding_reports(run: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def fsdp_reference(session_tmp: Path) -> dict[int, float]:
-    return losses(
-        train_run(session_tmp, "ds_ref_fsdp", {"parallel": {"backend": "fsdp"}}, "--nproc", "2")
-    )
+def fsdp_reference(shared_run, zero_runs) -> dict[int, float]:  # noqa: ANN001
+    return losses(shared_run("fsdp@2"))  # started with zero_runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ZERO))
-def test_zero_matches_fsdp(name: str, fsdp_reference: dict[int, float], session_tmp: Path) -> None:
-    run = zero_run(session_tmp, name)
+def test_zero_matches_fsdp(
+    name: str, fsdp_reference: dict[int, float], zero_runs: dict[str, Callable[[], Path]]
+) -> None:
+    run = zero_runs[name]()
     got = losses(run)
     assert sorted(got) == sorted(fsdp_reference)
     worst = max(abs(got[s] - fsdp_reference[s]) / fsdp_reference[s] for s in got)
@@ -78,11 +108,14 @@ def test_zero_matches_fsdp(name: str, fsdp_reference: dict[int, float], session_
                 assert local == -(-full // 2), pname
 
 
-def test_zero3_activation_checkpointing_recomputes_the_same_math(session_tmp: Path) -> None:
+@pytest.mark.slow
+def test_zero3_activation_checkpointing_recomputes_the_same_math(
+    zero_runs: dict[str, Callable[[], Path]],
+) -> None:
     """Recomputing each block in backward (fp32, CPU) redoes the same ops on the same values, so
     the losses equal plain ZeRO-3's bit for bit (AC must change memory, never the math)."""
-    plain = losses(zero_run(session_tmp, "zero3"))
-    ac = losses(zero_run(session_tmp, "zero3_activation_checkpointing"))
+    plain = losses(zero_runs["zero3"]())
+    ac = losses(zero_runs["zero3_activation_checkpointing"]())
     assert sorted(ac) == sorted(plain)
     assert all(ac[s] == plain[s] for s in ac), {s: (plain[s], ac[s]) for s in ac}
 
@@ -92,6 +125,7 @@ SEED_JSON = (
 )
 
 
+@pytest.mark.slow
 def test_seed_ds_config_trains_as_written(tmp_path: Path) -> None:
     """The seed document's section-3.1 JSON (fp16, ZeRO-3, CPU optimizer offload) unchanged."""
     extra = {
@@ -115,21 +149,24 @@ def test_seed_ds_config_trains_as_written(tmp_path: Path) -> None:
     assert precision["compute"] == "fp16" and precision["master_weights"] == "fp32"
 
 
-def test_deepspeed_resume_is_bitwise_exact(tmp_path: Path) -> None:
-    extra = {"parallel": {"backend": "deepspeed", "deepspeed": {"stage": 3}}}
-    _, cut = assert_resume_exact(tmp_path, extra)
+@pytest.mark.slow
+def test_deepspeed_resume_is_bitwise_exact(tmp_path: Path, shared_run) -> None:  # noqa: ANN001
+    cut = assert_resume_exact(tmp_path, shared_run("zero3@2"), shared_extra("zero3@2"))
     assert (cut / "checkpoints" / "step_00000005" / "model").is_dir()  # DeepSpeed's own format
 
 
-def test_one_config_same_effective_dtypes_on_every_engine(tmp_path: Path) -> None:
+def test_one_config_same_effective_dtypes_on_every_engine(tmp_path: Path, shared_run) -> None:  # noqa: ANN001
     reports = {}
     for backend in ("ddp", "fsdp", "deepspeed"):
-        extra = {
-            "parallel": {"backend": backend},
-            "precision": {"mode": "bf16"},
-            "train": {"steps": 2},
-        }
-        run = train_run(tmp_path, backend, extra, "--nproc", "2")
+        if backend == "fsdp":  # tests/test_precision.py reads this run too
+            run = shared_run("fsdp-bf16@2")
+        else:
+            extra = {
+                "parallel": {"backend": backend},
+                "precision": {"mode": "bf16"},
+                "train": {"steps": 2},
+            }
+            run = train_run(tmp_path, backend, extra, "--nproc", "2")
         reports[backend] = json.loads((run / "precision.json").read_text())
     expected = {
         "compute": "bf16",
@@ -142,6 +179,7 @@ def test_one_config_same_effective_dtypes_on_every_engine(tmp_path: Path) -> Non
         assert rep["warnings"] == [], backend
 
 
+@pytest.mark.slow
 def test_bf16_master_weights_and_states(tmp_path: Path) -> None:
     """precision.master_dtype=bf16 maps to DeepSpeed's bf16 master weights, gradients and states."""
     extra = {
@@ -176,6 +214,7 @@ print("MISMATCHED", len(bad), bad[:3])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 def test_bf16_master_weights_are_the_exact_fp32_init(tmp_path: Path, stage: int) -> None:
     """DeepSpeed would derive fp32 masters from the bf16 copy; zerofit restores the exact init, so
@@ -219,11 +258,9 @@ def test_fp16_where_deepspeed_cannot_run_it_is_one_line(
     assert not (tmp_path / "runs").exists()  # refused before the run directory
 
 
-PARTIAL = {"stage": 3, "offload_optimizer": "cpu", "offload_ratio": 0.5, "sub_group_size": 100_000}
-
-
+@pytest.mark.slow
 def test_partial_offload_trains_in_the_sub_groups_the_planner_counts(
-    fsdp_reference: dict[int, float], session_tmp: Path
+    fsdp_reference: dict[int, float], zero_runs: dict[str, Callable[[], Path]]
 ) -> None:
     """offload_ratio 0.5 in 100,000-element sub-groups (Twin-Flow: the first half of the
     sub-groups stepped by torch AdamW on the accelerator, here the CPU too, the rest by
@@ -236,8 +273,7 @@ def test_partial_offload_trains_in_the_sub_groups_the_planner_counts(
     from zerofit.launch.run_config import load_config
     from zerofit.models.shape import shape_from_config
 
-    extra = {"parallel": {"backend": "deepspeed", "deepspeed": {**PARTIAL, "pin_memory": False}}}
-    run = train_run(session_tmp, "zero3_partial_offload", extra, "--nproc", "2")
+    run = zero_runs["zero3_partial_offload"]()
     got = losses(run)
     assert sorted(got) == sorted(fsdp_reference) and got[10] < 0.5 * got[1], got
     worst = max(abs(got[s] - fsdp_reference[s]) / fsdp_reference[s] for s in got)

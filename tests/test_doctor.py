@@ -6,7 +6,6 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import train_run
 
 from zerofit.cli import main
 from zerofit.launch.run_config import load_config
@@ -16,22 +15,15 @@ pytestmark = pytest.mark.dist
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    tmp = tmp_path_factory.mktemp("doctor")
-    extra = {"train": {"steps": 2}}
+def runs(shared_run) -> dict[str, Path]:  # noqa: ANN001
     return {
-        "sharded": train_run(tmp, "sharded", extra, "--nproc", "2"),
+        "sharded": shared_run("fsdp@2"),
         # FSDP asked for, but replicate_degree = world size: every rank holds the whole model
-        "unsharded": train_run(
-            tmp,
-            "unsharded",
-            {**extra, "parallel": {"fsdp": {"replicate_degree": 2}}},
-            "--nproc",
-            "2",
-        ),
+        "unsharded": shared_run("fsdp-hybrid@2"),
     }
 
 
+@pytest.mark.slow
 def test_doctor_catches_parameters_that_are_not_sharded(runs: dict[str, Path], capsys) -> None:
     findings = {f.check: f for f in diagnose(runs["unsharded"])}
     assert findings["sharding"].status == "FAIL"
@@ -42,6 +34,7 @@ def test_doctor_catches_parameters_that_are_not_sharded(runs: dict[str, Path], c
     assert main(["doctor", str(runs["unsharded"])]) == 1
 
 
+@pytest.mark.slow
 def test_doctor_passes_a_sharded_run(runs: dict[str, Path], capsys) -> None:
     findings = {f.check: f for f in diagnose(runs["sharded"])}
     assert findings["sharding"].status == "ok" and "50.0%" in findings["sharding"].message

@@ -147,6 +147,8 @@ def test_small_text_data_names_max_tokens(tmp_path: Path) -> None:
     assert "a higher data.max_tokens (now 400)" in line and "a lower model.seq_len" in line
 
 
+@pytest.mark.slow
+@pytest.mark.dist
 def test_a_sharegpt_run_by_epochs_end_to_end(tmp_path: Path) -> None:
     """2 processes: the workers train the launcher's computed steps (their saved config states
     train.steps and train.epochs both), on ShareGPT records."""

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import train_run, zerofit
+from conftest import POOL, train_run, wait_all, zerofit
 
 from zerofit.data import eval_batches, load_tokenizer
 from zerofit.errors import UserError
@@ -75,34 +77,46 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fsdp_run(tmp: Path) -> Path:
-    return train_run(tmp, "fsdp", STEPS, "--nproc", "2")
-
-
-@pytest.fixture(scope="module")
-def zero3_run(tmp: Path) -> Path:
-    extra = {
+def runs(tmp: Path) -> Iterator[dict[str, Future[Path]]]:
+    """The four runs below, started together in the background (two at a time)."""
+    zero3 = {
         **STEPS,
         "parallel": {"backend": "deepspeed", "deepspeed": {"stage": 3}},
         "checkpoint": {"export_final": True, "export_dtype": "fp32"},  # exported as it ends
     }
-    return train_run(tmp, "zero3", extra, "--nproc", "2")
+    # An untied HF Llama whose folder holds the tokenizer the run trains with.
+    llama = hf_folder(tmp / "hf-llama", transformers.LlamaConfig(**HF_TINY))
+    write_tokenizer(llama)
+    # A Qwen2 with tied embeddings (and q/k/v biases), byte tokenizer.
+    qwen = hf_folder(tmp / "hf-qwen", transformers.Qwen2Config(**HF_TINY, tie_word_embeddings=True))
+    extras = {"fsdp": STEPS, "zero3": zero3, "llama": hf_extra(llama, str(llama))}
+    extras["qwen"] = hf_extra(qwen)
+    out = {
+        name: POOL.submit(train_run, tmp, name, extra, "--nproc", "2")
+        for name, extra in extras.items()
+    }
+    yield out
+    wait_all(out.values())
 
 
 @pytest.fixture(scope="module")
-def llama_run(tmp: Path) -> Path:
-    """An untied HF Llama whose folder holds the tokenizer the run trains with."""
-    folder = hf_folder(tmp / "hf-llama", transformers.LlamaConfig(**HF_TINY))
-    write_tokenizer(folder)
-    return train_run(tmp, "llama", hf_extra(folder, str(folder)), "--nproc", "2")
+def fsdp_run(runs: dict[str, Future[Path]]) -> Path:
+    return runs["fsdp"].result()
 
 
 @pytest.fixture(scope="module")
-def qwen_run(tmp: Path) -> Path:
-    """A Qwen2 with tied embeddings (and q/k/v biases), byte tokenizer."""
-    config = transformers.Qwen2Config(**HF_TINY, tie_word_embeddings=True)
-    folder = hf_folder(tmp / "hf-qwen", config)
-    return train_run(tmp, "qwen", hf_extra(folder), "--nproc", "2")
+def zero3_run(runs: dict[str, Future[Path]]) -> Path:
+    return runs["zero3"].result()
+
+
+@pytest.fixture(scope="module")
+def llama_run(runs: dict[str, Future[Path]]) -> Path:
+    return runs["llama"].result()
+
+
+@pytest.fixture(scope="module")
+def qwen_run(runs: dict[str, Future[Path]]) -> Path:
+    return runs["qwen"].result()
 
 
 def logged_eval_loss(run: Path, step: int) -> float:
@@ -162,6 +176,7 @@ def test_size_parsing_and_name_table() -> None:
     assert llama_to_hf("layers.0.attention.wq.bias") is None
 
 
+@pytest.mark.slow
 def test_builtin_fsdp_fp32_sharded(fsdp_run: Path, tmp: Path) -> None:
     out = tmp / "fsdp-fp32"
     model = check_export(fsdp_run, out, "fp32", 1e-5, max_shard_bytes=2 * 2**20)
@@ -196,6 +211,7 @@ def test_builtin_fsdp_fp32_sharded(fsdp_run: Path, tmp: Path) -> None:
     assert generated.shape == (1, prompt.shape[1] + 4)
 
 
+@pytest.mark.slow
 def test_builtin_fsdp_bf16_through_the_cli(fsdp_run: Path, tmp: Path) -> None:
     out = tmp / "fsdp-bf16"
     proc = zerofit("export", str(fsdp_run), "--out", str(out), cwd=tmp)
@@ -206,6 +222,7 @@ def test_builtin_fsdp_bf16_through_the_cli(fsdp_run: Path, tmp: Path) -> None:
     assert not list(tmp.glob("fsdp-bf16.tmp-*"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,rel", [("fp32", 1e-5), ("bf16", 1e-2)])
 def test_deepspeed_zero3(zero3_run: Path, tmp: Path, dtype: str, rel: float) -> None:
     # fp32: the folder `checkpoint.export_final` wrote at the end of training
@@ -217,6 +234,7 @@ def test_deepspeed_zero3(zero3_run: Path, tmp: Path, dtype: str, rel: float) -> 
     assert generated.shape == (1, 5)
 
 
+@pytest.mark.slow
 def test_hf_llama_with_its_tokenizer(llama_run: Path, tmp: Path) -> None:
     out = tmp / "llama-fp32"
     check_export(llama_run, out, "fp32", 1e-5)
@@ -228,6 +246,7 @@ def test_hf_llama_with_its_tokenizer(llama_run: Path, tmp: Path) -> None:
     check_export(llama_run, tmp / "llama-bf16", "bf16", 1e-2)
 
 
+@pytest.mark.slow
 def test_hf_qwen2_tied(qwen_run: Path, tmp: Path) -> None:
     out = tmp / "qwen-fp32"
     model = check_export(qwen_run, out, "fp32", 1e-5)
@@ -247,6 +266,7 @@ def _fails(tmp: Path, *args: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_cli_errors(fsdp_run: Path, tmp: Path) -> None:
     out = str(tmp / "never")
     assert "no such run directory" in _fails(tmp, str(tmp / "nope"), "--out", out)
@@ -271,6 +291,7 @@ def test_cli_errors(fsdp_run: Path, tmp: Path) -> None:
     assert not (tmp / "never").exists() and not list(tmp.glob("never.tmp-*"))
 
 
+@pytest.mark.slow
 def test_a_failed_export_leaves_nothing(
     fsdp_run: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,14 +10,16 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import zerofit
+from conftest import POOL, wait_all, zerofit
 from sft_helpers import make_tokenizer, write_chat_jsonl
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 transformers = pytest.importorskip("transformers")
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -55,10 +57,12 @@ def chat_loss(model: torch.nn.Module, tok: object, chats: list[list[dict]]) -> f
 
 
 def readme_snippet() -> str:
-    """The README's inference snippet (its `python -c "..."` after `zerofit export`), verbatim."""
-    section = README.read_text().split("## Fine-tuning", 1)[1]
+    """The inference snippet of docs/fine-tuning.md (its `python -c "..."` after `zerofit
+    export`, in "The loop"), verbatim."""
+    doc = README.parent / "docs" / "fine-tuning.md"
+    section = doc.read_text().split("## The loop", 1)[1].split("\n## ", 1)[0]
     found = re.search(r'^python -c "\n(.*?)"$', section, re.DOTALL | re.MULTILINE)
-    assert found, "no python -c snippet in the README's fine-tuning section"
+    assert found, "no python -c snippet under docs/fine-tuning.md's heading The loop"
     return found.group(1)
 
 
@@ -87,13 +91,35 @@ def train(
     return run
 
 
-@pytest.mark.parametrize(("recipe", "engine"), [("full", "fsdp"), ("lora", "zero3")])
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(a directory for the runs, the base folder, the chat file)."""
+    root = tmp_path_factory.mktemp("finetune")
+    return root, base_folder(root), write_chat_jsonl(root / "chat.jsonl", 300)
+
+
+LOOPS = [("full", "fsdp"), ("lora", "zero3")]  # (recipe, engine)
+
+
+@pytest.fixture(scope="module")
+def recipe_runs(inputs: tuple[Path, Path, Path]) -> Iterator[dict[str, Future[Path]]]:
+    """Each recipe's 12-step run, started together in the background (the resume test continues
+    the full one)."""
+    root, base, data = inputs
+    out = {
+        recipe: POOL.submit(train, root, recipe, engine, base, data, name=f"{recipe}-{engine}")
+        for recipe, engine in LOOPS
+    }
+    yield out
+    wait_all(out.values())
+
+
+@pytest.mark.parametrize(("recipe", "engine"), LOOPS)
 def test_the_recipe_loop_trains_exports_and_generates(
-    tmp_path: Path, recipe: str, engine: str
-) -> None:
-    base = base_folder(tmp_path)
-    data = write_chat_jsonl(tmp_path / "chat.jsonl", 300)
-    run = train(tmp_path, recipe, engine, base, data)
+    tmp_path: Path, inputs: tuple[Path, Path, Path], recipe_runs, recipe: str, engine: str
+) -> None:  # noqa: ANN001
+    _, base, data = inputs
+    run = recipe_runs[recipe].result()
     assert list((run / "export").glob("step_*/config.json")), "export_final wrote no folder"
     out = tmp_path / "sft-merged"  # the name the README's snippet loads
     proc = zerofit("export", str(run), "--out", str(out), "--dtype", "fp32", cwd=tmp_path)
@@ -123,16 +149,17 @@ def test_the_recipe_loop_trains_exports_and_generates(
         assert abs(chat_loss(with_adapter, tok, chats) - merged) < 1e-4 * max(1.0, merged)
 
 
-def test_a_run_resumed_into_a_new_directory_exports_at_the_end(tmp_path: Path) -> None:
+def test_a_run_resumed_into_a_new_directory_exports_at_the_end(
+    tmp_path: Path, inputs: tuple[Path, Path, Path], recipe_runs
+) -> None:  # noqa: ANN001
     """--resume CHECKPOINT with another log.run_dir: training goes on there, and the final
     export (export_final) finds that directory's config and final checkpoint."""
-    base = base_folder(tmp_path)
-    data = write_chat_jsonl(tmp_path / "chat.jsonl", 300)
-    first = train(tmp_path, "full", "fsdp", base, data, "--train.steps", "6", name="first")
-    step_6 = first / "checkpoints" / "step_00000006"
-    assert step_6.is_dir()
-    more = ("--train.steps", "8", "--resume", str(step_6))
+    _, base, data = inputs
+    first = recipe_runs["full"].result()  # 12 steps, saved at the end
+    step_12 = first / "checkpoints" / "step_00000012"
+    assert step_12.is_dir()
+    more = ("--train.steps", "14", "--resume", str(step_12))
     second = train(tmp_path, "full", "fsdp", base, data, *more, name="second")
     assert (second / "config.yaml").is_file()
     exported = sorted(p.parent.name for p in (second / "export").glob("step_*/config.json"))
-    assert exported == ["step_00000008"], exported
+    assert exported == ["step_00000014"], exported

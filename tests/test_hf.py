@@ -4,7 +4,7 @@ In process: the adapter's loss and every parameter's gradient equal transformers
 ``model(input_ids, labels=...)`` for each family (fused head, or full logits where the architecture
 transforms them); packed documents (``positions``) give each document's loss alone; the planner and
 the model take the same head decision; a folder with its own code needs model.trust_remote_code.
-Marked ``dist``: a tiny Llama trains under FSDP, its saved weights are loaded into the shards.
+Marked ``dist``: a tiny Llama's saved weights are loaded into the FSDP shards, and it trains.
 """
 
 from __future__ import annotations
@@ -227,7 +227,8 @@ def test_folder_code_runs_only_when_trusted(
 # ---- training runs (2 gloo processes) ---------------------------------------------------------
 
 
-def tiny_llama(directory: Path, with_weights: bool) -> Path:
+def tiny_llama(directory: Path) -> Path:
+    """A tiny Llama folder with its weights (seed 0)."""
     cfg = transformers.LlamaConfig(
         hidden_size=64,
         intermediate_size=128,
@@ -237,32 +238,25 @@ def tiny_llama(directory: Path, with_weights: bool) -> Path:
         vocab_size=320,
         max_position_embeddings=256,
     )
-    if with_weights:
-        torch.manual_seed(0)
-        transformers.LlamaForCausalLM(cfg).save_pretrained(directory, safe_serialization=True)
-    else:
-        cfg.save_pretrained(directory)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(directory, safe_serialization=True)
     return directory
 
 
+@pytest.mark.slow
 @pytest.mark.dist
-def test_hf_llama_trains_under_fsdp(tmp_path: Path) -> None:
-    model_dir = tiny_llama(tmp_path / "llama", with_weights=False)
-    model = {"preset": None, "hf": str(model_dir), "overrides": {}, "random_init": True}
-    run = train_run(tmp_path, "hf", {"model": model, "train": {"steps": 20}}, "--nproc", "2")
-    got = losses(run)
-    assert got[20] < got[1] - 1.0, got
-
-
-@pytest.mark.dist
-def test_hf_weights_are_loaded_into_shards(tmp_path: Path) -> None:
-    """Step 1's loss under FSDP equals the saved model's own loss on the same global batch."""
-    model_dir = tiny_llama(tmp_path / "llama", with_weights=True)
+def test_hf_llama_trains_under_fsdp_from_its_weights_loaded_into_shards(tmp_path: Path) -> None:
+    """Step 1's loss under FSDP equals the saved model's own loss on the same global batch, and
+    the loss falls over 20 steps (one run; config-only folders, `random_init`, train in
+    tests/test_hf_families.py)."""
+    model_dir = tiny_llama(tmp_path / "llama")
     extra = {
         "model": {"preset": None, "hf": str(model_dir), "overrides": {}},
-        "train": {"steps": 1},
+        "train": {"steps": 20},
     }
     run = train_run(tmp_path, "hfw", extra, "--nproc", "2")
+    got = losses(run)
+    assert got[20] < got[1] - 1.0, got
     cfg = config_from_dict(deep_update(TINY, extra))
     data = build_inputs(cfg).data
     batch = [make_loader(cfg, data, r, 2).next_microbatch() for r in range(2)]
@@ -273,7 +267,7 @@ def test_hf_weights_are_loaded_into_shards(tmp_path: Path) -> None:
         expected = F.cross_entropy(
             model(inputs).logits.flatten(0, 1).float(), targets.flatten()
         ).item()
-    assert losses(run)[1] == pytest.approx(expected, rel=1e-5)
+    assert got[1] == pytest.approx(expected, rel=1e-5)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["weights"]["files"] == ["model.safetensors"]
     saved = safetensors.torch.load_file(model_dir / "model.safetensors")

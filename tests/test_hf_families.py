@@ -18,20 +18,20 @@ embedding's, which each engine must keep tied, gather, reduce and update once. E
 padding token, whose embedding row HF's own init zeroes (under ZeRO-3 that row is partitioned).
 
 Cost: 12 runs, mostly process start-up (importing torch and transformers in the launcher and both
-workers), so a family's three runs start together: about 3 minutes on 2 idle cores.
+workers), so they all start in the background together, two at a time (conftest's POOL).
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import losses, train_run
+from conftest import POOL, losses, train_run, wait_all
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 RTOL = 1e-5
 STEPS = 5
@@ -81,18 +81,27 @@ def _train(tmp: Path, family: str, engine: str) -> dict[int, float]:
     return losses(train_run(tmp, f"{family}_{engine}", extra, "--nproc", "2"))
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_family_trains_alike_under_every_engine(family: str, tmp_path: Path) -> None:
-    """DDP is the reference; FSDP2 and ZeRO-3 must follow its loss trajectory."""
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """Every family's run under every engine, started together in the background (two at a
+    time): {(family, engine): Future of its losses}."""
     pytest.importorskip("deepspeed")
-    family_folder(tmp_path, family)
-    with ThreadPoolExecutor(len(ENGINES)) as pool:
-        jobs = {engine: pool.submit(_train, tmp_path, family, engine) for engine in ENGINES}
-        runs = {engine: job.result() for engine, job in jobs.items()}
-    ref = runs.pop("ddp")
+    tmp = tmp_path_factory.mktemp("families")
+    for family in FAMILIES:
+        family_folder(tmp, family)
+    out = {(f, e): POOL.submit(_train, tmp, f, e) for f in FAMILIES for e in ENGINES}
+    yield out
+    wait_all(out.values())
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_trains_alike_under_every_engine(family: str, runs) -> None:  # noqa: ANN001
+    """DDP is the reference; FSDP2 and ZeRO-3 must follow its loss trajectory."""
+    got_by_engine = {engine: runs[family, engine].result() for engine in ENGINES}
+    ref = got_by_engine.pop("ddp")
     assert sorted(ref) == list(range(1, STEPS + 1)), ref
     assert ref[STEPS] < ref[1] - 0.3, ref  # it learns
-    for engine, got in runs.items():
+    for engine, got in got_by_engine.items():
         assert sorted(got) == sorted(ref), engine
         worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref)
         print(f"{family} {engine} vs ddp: max relative loss difference = {worst:.2e}")

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import deep_update, losses, train_run, write_config, zerofit
+from conftest import POOL, deep_update, losses, train_run, wait_all, write_config, zerofit
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from zerofit.backends import checkpoint_readers
 from zerofit.checkpoint import read_meta
 from zerofit.checkpoint.neutral import MODEL, OPTIM, NeutralView, open_reader
 from zerofit.config.schema import LoRAConfig
@@ -64,7 +67,8 @@ def materialized(spec: ModelSpec) -> torch.nn.Module:
 
 def checkpoint_view(run: Path, step: int = STEPS) -> NeutralView:
     ckpt = find_checkpoint(run, step)
-    return NeutralView(open_reader(ckpt / "model", read_meta(ckpt)["format"]), ckpt)
+    fmt = read_meta(ckpt)["format"]
+    return NeutralView(open_reader(ckpt / "model", fmt, checkpoint_readers()), ckpt)
 
 
 @torch.no_grad()
@@ -226,11 +230,35 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp: Path) -> dict[str, Path]:
-    return {name: train_run(tmp, name, deep_update(RUN, extra), "--nproc", "2")
-            for name, extra in ENGINES.items()}  # fmt: skip
+def background(tmp: Path) -> Iterator[dict[str, Future[Path]]]:
+    """Every training run of this file, started together in the background (two at a time)."""
+    extras = {name: deep_update(RUN, extra) for name, extra in ENGINES.items()}
+    extras["fsdp-bf16"] = deep_update(
+        RUN, {"precision": {"mode": "bf16"}, "parallel": {"backend": "fsdp"}}
+    )
+    # LoRA on q/v of a tiny HF Llama whose weights come from its folder (the adapters do not).
+    folder = tmp / "hf-llama"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**HF_LLAMA))
+    model.save_pretrained(folder, safe_serialization=True)
+    extras["hf"] = {
+        "model": {"preset": None, "hf": str(folder), "overrides": {},
+                  "lora": {**LORA, "targets": ["q_proj", "self_attn.v_proj"]}},
+        "data": {"tokenizer": "byte"}, "parallel": {"backend": "fsdp"},
+        "train": {"steps": STEPS}, "checkpoint": {"every": 0},
+    }  # fmt: skip
+    out = {name: POOL.submit(train_run, tmp, name, extra, "--nproc", "2")
+           for name, extra in extras.items()}  # fmt: skip
+    yield out
+    wait_all(out.values())
 
 
+@pytest.fixture(scope="module")
+def runs(background: dict[str, Future[Path]]) -> dict[str, Path]:
+    return {name: background[name].result() for name in ENGINES}
+
+
+@pytest.mark.slow
 @pytest.mark.dist
 def test_engines_train_the_same_adapters(runs: dict[str, Path]) -> None:
     got = {name: losses(run) for name, run in runs.items()}
@@ -241,6 +269,7 @@ def test_engines_train_the_same_adapters(runs: dict[str, Path]) -> None:
             assert abs(trajectory[step] - loss) <= 1e-5 * loss, (name, step, trajectory, ref)
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_the_base_stays_bitwise_and_only_adapters_have_optimizer_state(
@@ -259,6 +288,7 @@ def test_the_base_stays_bitwise_and_only_adapters_have_optimizer_state(
             assert f"{OPTIM}{name}.exp_avg" not in view.entries, name
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_resume_is_exact(runs: dict[str, Path], tmp: Path) -> None:
     """FSDP resumes its step-2 checkpoint, as if it had died at step 3: the same losses."""
@@ -272,12 +302,12 @@ def test_resume_is_exact(runs: dict[str, Path], tmp: Path) -> None:
     assert sorted(after) == [3, 4] and all(after[s] == before[s] for s in after), (before, after)
 
 
+@pytest.mark.slow
 @pytest.mark.dist
-def test_bf16_keeps_the_frozen_base_in_bf16_beside_fp32_adapters(tmp: Path) -> None:
+def test_bf16_keeps_the_frozen_base_in_bf16_beside_fp32_adapters(background) -> None:  # noqa: ANN001
     """FSDP2 with bf16 compute: the frozen base is stored in bf16 and the adapters in fp32 in the
     same FSDP units (uniform dtype is needed among the trainable parameters only)."""
-    extra = deep_update(RUN, {"precision": {"mode": "bf16"}, "parallel": {"backend": "fsdp"}})
-    run = train_run(tmp, "fsdp-bf16", extra, "--nproc", "2")
+    run = background["fsdp-bf16"].result()
     report = json.loads((run / "precision.json").read_text())
     eff = report["effective"]
     assert (eff["frozen_weights"], eff["adapter_weights"], eff["master_weights"]) == (
@@ -309,6 +339,7 @@ def _close(a: float, b: float, what: str) -> None:
     assert abs(a - b) <= 1e-5 * b, (what, a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.parametrize("engine,cli", [("ddp", True), ("zero3", False)])
 def test_export_merged_and_as_a_peft_adapter(
@@ -349,21 +380,12 @@ def test_export_merged_and_as_a_peft_adapter(
 
 
 @pytest.fixture(scope="module")
-def hf_run(tmp: Path) -> Path:
+def hf_run(background: dict[str, Future[Path]]) -> Path:
     """LoRA on q/v of a tiny HF Llama whose weights come from its folder (the adapters do not)."""
-    folder = tmp / "hf-llama"
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**HF_LLAMA))
-    model.save_pretrained(folder, safe_serialization=True)
-    extra = {
-        "model": {"preset": None, "hf": str(folder), "overrides": {},
-                  "lora": {**LORA, "targets": ["q_proj", "self_attn.v_proj"]}},
-        "data": {"tokenizer": "byte"}, "parallel": {"backend": "fsdp"},
-        "train": {"steps": STEPS}, "checkpoint": {"every": 0},
-    }  # fmt: skip
-    return train_run(tmp, "hf", extra, "--nproc", "2")
+    return background["hf"].result()
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_hf_model_lora_export(hf_run: Path, tmp: Path) -> None:
     folder, batches = tmp / "hf-llama", fixed_batches()

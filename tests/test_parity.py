@@ -12,19 +12,20 @@ double-counted gradients, different init) moves the loss by 1e-2 or more within 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
-from conftest import losses, train_run
+from conftest import POOL, losses, train_run, wait_all
 
 pytestmark = pytest.mark.dist
 RTOL = 1e-5
 
+# The first three are conftest's shared runs (other files resume, inspect or export them).
+SHARED_VARIANTS = {"ddp": "ddp@2", "fsdp_full_shard": "fsdp@2", "fsdp_hybrid": "fsdp-hybrid@2"}
 VARIANTS = {
-    "ddp": {"parallel": {"backend": "ddp"}},
-    "fsdp_full_shard": {"parallel": {"backend": "fsdp", "fsdp": {"reshard_after_forward": True}}},
     "fsdp_grad_op": {"parallel": {"backend": "fsdp", "fsdp": {"reshard_after_forward": False}}},
-    "fsdp_hybrid": {"parallel": {"backend": "fsdp", "fsdp": {"replicate_degree": 2}}},
     "fsdp_cpu_offload": {"parallel": {"backend": "fsdp", "fsdp": {"cpu_offload": True}}},
     "fsdp_ac_full": {"parallel": {"backend": "fsdp", "activation_checkpointing": "full"}},
     "fsdp_ac_selective": {"parallel": {"backend": "fsdp", "activation_checkpointing": "selective"}},
@@ -44,24 +45,33 @@ VARIANTS = {
 
 
 @pytest.fixture(scope="module")
-def reference(session_tmp: Path) -> dict[int, float]:
-    run = train_run(
-        session_tmp,
-        "reference",
-        {"train": {"grad_accum_steps": 2}, "parallel": {"backend": "ddp"}},
-        "--nproc",
-        "1",
-    )
-    ref = losses(run)
+def runs(session_tmp: Path, shared_run) -> Iterator[dict[str, Callable[[], Path]]]:  # noqa: ANN001
+    """Every variant's run, started together in the background (two at a time)."""
+    shared_run.start("ddp@1", *SHARED_VARIANTS.values())
+    local = {
+        name: POOL.submit(train_run, session_tmp, name, extra, "--nproc", "2")
+        for name, extra in VARIANTS.items()
+    }
+    out = {name: partial(shared_run, layout) for name, layout in SHARED_VARIANTS.items()}
+    out |= {name: future.result for name, future in local.items()}
+    yield out
+    wait_all(local.values())
+
+
+@pytest.fixture(scope="module")
+def reference(shared_run, runs) -> dict[int, float]:  # noqa: ANN001
+    """One process, micro-batch 4 x 2 accumulation steps (conftest's shared ddp@1 run)."""
+    ref = losses(shared_run("ddp@1"))
     assert len(ref) == 10 and ref[10] < ref[1] - 0.5, ref  # it learns
     return ref
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [*SHARED_VARIANTS, *VARIANTS])
 def test_matches_single_process_reference(
-    name: str, reference: dict[int, float], session_tmp: Path
+    name: str, reference: dict[int, float], runs: dict[str, Callable[[], Path]]
 ) -> None:
-    run = train_run(session_tmp, name, VARIANTS[name], "--nproc", "2")
+    run = runs[name]()
     got = losses(run)
     assert sorted(got) == sorted(reference)
     worst = max(abs(got[s] - reference[s]) / abs(reference[s]) for s in reference)

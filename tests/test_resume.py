@@ -5,20 +5,46 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import assert_resume_exact, losses, write_config, zerofit
+from conftest import (
+    POOL,
+    assert_resume_exact,
+    losses,
+    shared_extra,
+    wait_all,
+    write_config,
+    zerofit,
+)
 
 from zerofit.checkpoint import complete_checkpoints, latest_checkpoint
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("backend", ["fsdp", "ddp"])
-def test_resume_is_bitwise_exact(tmp_path: Path, backend: str) -> None:
-    extra = {"parallel": {"backend": backend}, "checkpoint": {"keep_last": 2}}
-    full, cut = assert_resume_exact(tmp_path, extra)
+LAYOUTS = ["fsdp@2", "ddp@2"]
+
+
+@pytest.fixture(scope="module")
+def cuts(shared_run, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:  # noqa: ANN001
+    """Each layout's resumed run (assert_resume_exact), started in the background together."""
+    shared_run.start(*LAYOUTS)
+    out = {}
+    for layout in LAYOUTS:
+        tmp = tmp_path_factory.mktemp("resume")
+        out[layout] = POOL.submit(
+            assert_resume_exact, tmp, shared_run(layout), shared_extra(layout)
+        )
+    yield out
+    wait_all(out.values())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_resume_is_bitwise_exact(layout: str, shared_run, cuts) -> None:  # noqa: ANN001
+    full = shared_run(layout)  # 10 steps, checkpoints at 5 and 10 (keep_last 2: both kept)
+    cut = cuts[layout].result()  # steps 6-10 resumed from step 5: bitwise-equal losses
     assert [p.name for p in complete_checkpoints(full / "checkpoints")] == [
         "step_00000005",
         "step_00000010",

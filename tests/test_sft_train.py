@@ -4,12 +4,15 @@ with 2 accumulation steps matches two processes with one (masked data, fp32)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, deep_update, losses, write_config, zerofit
+from conftest import POOL, TINY, deep_update, losses, wait_all, write_config, zerofit
 from sft_helpers import make_tokenizer, write_chat_jsonl
 
 from zerofit.data import real_tokens
@@ -17,7 +20,7 @@ from zerofit.launch.run_config import config_from_dict
 from zerofit.models.loss import IGNORE_INDEX
 from zerofit.train.inputs import build_inputs, make_loader
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 RTOL = 1e-5  # as tests/test_parity.py: summation order only
 
 
@@ -34,36 +37,47 @@ def chat(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return root, extra
 
 
-_runs: dict[str, tuple[Path, str]] = {}
-
-
-def run(chat: tuple[Path, dict], name: str, nproc: str, extra: dict) -> Path:
-    """One training run per case per session; its directory (its output in `_runs`)."""
-    if name not in _runs:
-        root, base = chat
-        run_dir = root / name
-        cfg = deep_update(deep_update(base, extra), {"log": {"run_dir": str(run_dir)}})
-        proc = zerofit(
-            "train", "-c", str(write_config(root / f"{name}.yaml", cfg)), "--nproc", nproc, cwd=root
-        )
-        assert proc.returncode == 0, f"{name}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-        _runs[name] = (run_dir, proc.stdout)
-    return _runs[name][0]
+def _train(chat: tuple[Path, dict], name: str, nproc: str, extra: dict) -> tuple[Path, str]:
+    """One training run: its directory and its output."""
+    root, base = chat
+    run_dir = root / name
+    cfg = deep_update(deep_update(base, extra), {"log": {"run_dir": str(run_dir)}})
+    proc = zerofit(
+        "train", "-c", str(write_config(root / f"{name}.yaml", cfg)), "--nproc", nproc, cwd=root
+    )
+    assert proc.returncode == 0, f"{name}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return run_dir, proc.stdout
 
 
 ENGINES = {
     "fsdp": {"parallel": {"backend": "fsdp"}},
     "zero3": {"parallel": {"backend": "deepspeed", "deepspeed": {"stage": 3}}},
 }
+ACCUM2 = {"parallel": {"backend": "ddp"}, "train": {"grad_accum_steps": 2}}  # on 1 process
+
+
+@pytest.fixture(scope="module")
+def runs(chat: tuple[Path, dict]) -> Iterator[dict[str, Future[tuple[Path, str]]]]:
+    """Each run of this file, started together in the background (two at a time)."""
+    cases = {"fsdp": ("2", ENGINES["fsdp"]), "accum2": ("1", ACCUM2)}
+    if importlib.util.find_spec("deepspeed") is not None:
+        cases["zero3"] = ("2", ENGINES["zero3"])
+    out = {name: POOL.submit(_train, chat, name, *case) for name, case in cases.items()}
+    yield out
+    wait_all(out.values())
+
+
+def run(runs: dict[str, Future[tuple[Path, str]]], name: str) -> Path:
+    return runs[name].result()[0]
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))
-def test_chat_loss_falls(chat: tuple[Path, dict], engine: str) -> None:
+def test_chat_loss_falls(runs, engine: str) -> None:  # noqa: ANN001
     if engine == "zero3":
         pytest.importorskip("deepspeed")
-    got = losses(run(chat, engine, "2", ENGINES[engine]))
+    run_dir, stdout = runs[engine].result()
+    got = losses(run_dir)
     assert len(got) == 8 and got[8] < got[1] - 0.5, got
-    run_dir, stdout = _runs[engine]
     stats = json.loads((run_dir / "summary.json").read_text())["data"]
     assert stats["samples"] == 400 and stats["truncated_samples"] == 0 and stats["rows"] > 0, stats
     line = f"data (chat): 400 samples ({stats['tokens']} tokens) packed first-fit into"
@@ -72,11 +86,11 @@ def test_chat_loss_falls(chat: tuple[Path, dict], engine: str) -> None:
     assert 0 < records[-1]["eval_loss"] < records[0]["loss"], records[-1]  # masked eval
 
 
-def test_step_loss_is_the_global_token_mean(chat: tuple[Path, dict]) -> None:
+def test_step_loss_is_the_global_token_mean(chat: tuple[Path, dict], runs) -> None:  # noqa: ANN001
     """Step 1's logged loss (2 ranks) against the initial model's mean over all valid targets."""
     from zerofit.distributed.parallelize import materialize_
 
-    logged = losses(run(chat, "fsdp", "2", ENGINES["fsdp"]))[1]
+    logged = losses(run(runs, "fsdp"))[1]
     cfg = config_from_dict(deep_update(TINY, deep_update(chat[1], ENGINES["fsdp"])))
     inputs = build_inputs(cfg)
     spec = inputs.spec
@@ -91,19 +105,21 @@ def test_step_loss_is_the_global_token_mean(chat: tuple[Path, dict]) -> None:
     assert logged == pytest.approx(expected, rel=1e-5)
     assert abs(sum(rank_means) / 2 - expected) > 1e-4  # the test tells the two apart
     # real tokens/s counts the global batch's non-padding places: step 1's are both ranks'
-    summary = json.loads((_runs["fsdp"][0] / "summary.json").read_text())
+    summary = json.loads((run(runs, "fsdp") / "summary.json").read_text())
     assert len(summary["step_real_tokens"]) == cfg.train.steps
     assert summary["step_real_tokens"][0] == sum(real_tokens(b) for b in batches)
     assert summary["step_real_tokens"][0] < tokens.numel()  # there is padding to leave out
     # each step's loss (the rank mean) is kept for benchmarks; logged every step here, they agree
-    logged_all = losses(run(chat, "fsdp", "2", ENGINES["fsdp"]))
+    logged_all = losses(run(runs, "fsdp"))
     assert summary["step_losses"] == pytest.approx([logged_all[s] for s in sorted(logged_all)])
 
 
-def test_accumulation_matches_data_parallel(chat: tuple[Path, dict]) -> None:
-    two = losses(run(chat, "fsdp", "2", ENGINES["fsdp"]))
-    extra = {"parallel": {"backend": "ddp"}, "train": {"grad_accum_steps": 2}}
-    one = losses(run(chat, "accum2", "1", extra))
+def test_accumulation_matches_data_parallel(runs) -> None:  # noqa: ANN001
+    two = losses(run(runs, "fsdp"))
+    one = losses(run(runs, "accum2"))
     worst = max(abs(one[s] - two[s]) / abs(two[s]) for s in two)
     print(f"masked A=2 x 1 process vs A=1 x 2 processes: max relative difference {worst:.2e}")
-    assert worst <= RTOL, {s: (one[s], two[s]) for s in two}
+    envs = {
+        n: json.loads((run(runs, n) / "env.json").read_text())["env"] for n in ("accum2", "fsdp")
+    }
+    assert worst <= RTOL, ({s: (one[s], two[s]) for s in two}, envs)
