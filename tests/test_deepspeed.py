@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -11,6 +13,7 @@ import pytest
 from conftest import (
     POOL,
     assert_resume_exact,
+    deep_update,
     losses,
     shared_extra,
     train_run,
@@ -123,77 +126,17 @@ def test_zero3_activation_checkpointing_recomputes_the_same_math(
 SEED_JSON = (
     Path(__file__).resolve().parents[1] / "configs" / "deepspeed" / "seed_zero3_offload.json"
 )
-
-
-@pytest.mark.slow
-def test_seed_ds_config_trains_as_written(tmp_path: Path) -> None:
-    """The seed document's section-3.1 JSON (fp16, ZeRO-3, CPU optimizer offload) unchanged."""
-    extra = {
-        "parallel": {"backend": "deepspeed", "deepspeed": {"config": str(SEED_JSON)}},
-        "optim": {"lr": 6e-5},  # the same value as the JSON: agreeing is fine
-        "precision": {"mode": "auto"},
-        "train": {"steps": 4, "micro_batch_size": 32},
-    }
-    from deepspeed.accelerator import get_accelerator
-
-    if not get_accelerator().is_fp16_supported():  # CPUs differ: then one clear line, exit 2
-        cfg = write_config(tmp_path / "seed.yaml", extra)
-        proc = zerofit("train", "-c", str(cfg), "--nproc", "2", cwd=tmp_path)
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-        assert proc.stderr.strip().splitlines()[-1].startswith("error: fp16 compute"), proc.stderr
-        return
-    run = train_run(tmp_path, "seed", extra, "--nproc", "2")
-    got = losses(run)
-    assert len(got) == 4 and all(v == v for v in got.values()), got
-    precision = json.loads((run / "precision.json").read_text())["effective"]
-    assert precision["compute"] == "fp16" and precision["master_weights"] == "fp32"
-
-
-@pytest.mark.slow
-def test_deepspeed_resume_is_bitwise_exact(tmp_path: Path, shared_run) -> None:  # noqa: ANN001
-    cut = assert_resume_exact(tmp_path, shared_run("zero3@2"), shared_extra("zero3@2"))
-    assert (cut / "checkpoints" / "step_00000005" / "model").is_dir()  # DeepSpeed's own format
-
-
-def test_one_config_same_effective_dtypes_on_every_engine(tmp_path: Path, shared_run) -> None:  # noqa: ANN001
-    reports = {}
-    for backend in ("ddp", "fsdp", "deepspeed"):
-        if backend == "fsdp":  # tests/test_precision.py reads this run too
-            run = shared_run("fsdp-bf16@2")
-        else:
-            extra = {
-                "parallel": {"backend": backend},
-                "precision": {"mode": "bf16"},
-                "train": {"steps": 2},
-            }
-            run = train_run(tmp_path, backend, extra, "--nproc", "2")
-        reports[backend] = json.loads((run / "precision.json").read_text())
-    expected = {
-        "compute": "bf16",
-        "master_weights": "fp32",
-        "optimizer_states": "fp32",
-        "gradient_reduction": "fp32",
-    }
-    for backend, rep in reports.items():
-        assert rep["effective"] == expected, backend
-        assert rep["warnings"] == [], backend
-
-
-@pytest.mark.slow
-def test_bf16_master_weights_and_states(tmp_path: Path) -> None:
-    """precision.master_dtype=bf16 maps to DeepSpeed's bf16 master weights, gradients and states."""
-    extra = {
-        "parallel": {"backend": "deepspeed"},
-        "precision": {"mode": "bf16", "master_dtype": "bf16"},
-        "train": {"steps": 2},
-    }
-    run = train_run(tmp_path, "pure_bf16", extra, "--nproc", "2")
-    rep = json.loads((run / "precision.json").read_text())
-    assert rep["effective"]["master_weights"] == "bf16", rep
-    assert rep["effective"]["optimizer_states"] == "bf16", rep
-    assert not rep["warnings"], rep["warnings"]
-
-
+SEED = {
+    "parallel": {"backend": "deepspeed", "deepspeed": {"config": str(SEED_JSON)}},
+    "optim": {"lr": 6e-5},  # the same value as the JSON: agreeing is fine
+    "precision": {"mode": "auto"},
+    "train": {"steps": 4, "micro_batch_size": 32},
+}
+PURE_BF16 = {
+    "parallel": {"backend": "deepspeed"},
+    "precision": {"mode": "bf16", "master_dtype": "bf16"},
+    "train": {"steps": 2},
+}
 MASTER_CHECK = """
 import sys, torch
 from pathlib import Path
@@ -214,25 +157,107 @@ print("MISMATCHED", len(bad), bad[:3])
 """
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3])
-def test_bf16_master_weights_are_the_exact_fp32_init(tmp_path: Path, stage: int) -> None:
-    """DeepSpeed would derive fp32 masters from the bf16 copy; zerofit restores the exact init, so
-    ZeRO and FSDP (which shards the fp32 init itself) start from identical master weights."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "check.py"
+def _master_check(tmp: Path, stage: int) -> subprocess.CompletedProcess:
+    script = tmp / "check.py"
     script.write_text(MASTER_CHECK)
-    cfg = write_config(tmp_path / "c.yaml")
+    cfg = write_config(tmp / "c.yaml")
     src = str(Path(__file__).resolve().parents[1] / "src")
-    proc = subprocess.run(
-        [sys.executable, str(script), str(cfg), str(stage), str(tmp_path / "run")],
+    return subprocess.run(
+        [sys.executable, str(script), str(cfg), str(stage), str(tmp / "run")],
         env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,  # a hang guard: it takes ~10 s
     )
+
+
+def _seed(tmp: Path) -> tuple[Path, subprocess.CompletedProcess]:
+    cfg = write_config(
+        tmp / "seed.yaml", deep_update(SEED, {"log": {"run_dir": str(tmp / "seed")}})
+    )
+    return tmp / "seed", zerofit("train", "-c", str(cfg), "--nproc", "2", cwd=tmp)
+
+
+@pytest.fixture(scope="module")
+def side_runs(tmp_path_factory: pytest.TempPathFactory, shared_run) -> Iterator[dict]:  # noqa: ANN001
+    """The launches of the tests below (each its own), started together in the background."""
+    out = {
+        "seed": POOL.submit(_seed, tmp_path_factory.mktemp("seed")),
+        "pure_bf16": POOL.submit(
+            train_run, tmp_path_factory.mktemp("pure_bf16"), "pure_bf16", PURE_BF16, "--nproc", "2"
+        ),
+    }
+    for stage in (2, 3):
+        out[f"master{stage}"] = POOL.submit(_master_check, tmp_path_factory.mktemp("master"), stage)
+    zero3 = shared_run("zero3@2")
+    cut = tmp_path_factory.mktemp("zero3-resume")
+    out["resume"] = POOL.submit(assert_resume_exact, cut, zero3, shared_extra("zero3@2"))
+    yield out
+    wait_all(out.values())
+
+
+@pytest.mark.slow
+def test_seed_ds_config_trains_as_written(side_runs) -> None:  # noqa: ANN001
+    """The seed document's section-3.1 JSON (fp16, ZeRO-3, CPU optimizer offload) unchanged."""
+    from deepspeed.accelerator import get_accelerator
+
+    run, proc = side_runs["seed"].result()
+    if not get_accelerator().is_fp16_supported():  # CPUs differ: then one clear line, exit 2
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert proc.stderr.strip().splitlines()[-1].startswith("error: fp16 compute"), proc.stderr
+        return
+    assert proc.returncode == 0, f"seed failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    got = losses(run)
+    assert len(got) == 4 and all(v == v for v in got.values()), got
+    precision = json.loads((run / "precision.json").read_text())["effective"]
+    assert precision["compute"] == "fp16" and precision["master_weights"] == "fp32"
+
+
+@pytest.mark.slow
+def test_deepspeed_resume_is_bitwise_exact(side_runs) -> None:  # noqa: ANN001
+    cut = side_runs["resume"].result()  # assert_resume_exact: steps 6-10 bitwise equal
+    assert (cut / "checkpoints" / "step_00000005" / "model").is_dir()  # DeepSpeed's own format
+
+
+def test_one_config_same_effective_dtypes_on_every_engine(tmp_path: Path, shared_run) -> None:  # noqa: ANN001
+    shared_run.start("fsdp-bf16@2")  # tests/test_precision.py reads this run too
+    bf16 = {"precision": {"mode": "bf16"}, "train": {"steps": 2}}
+    runs = {
+        backend: POOL.submit(
+            train_run, tmp_path, backend, {**bf16, "parallel": {"backend": backend}}, "--nproc", "2"
+        )
+        for backend in ("ddp", "deepspeed")
+    }  # all three at once, in the background
+    reports = {"fsdp": json.loads((shared_run("fsdp-bf16@2") / "precision.json").read_text())}
+    for backend, future in runs.items():
+        reports[backend] = json.loads((future.result() / "precision.json").read_text())
+    expected = {
+        "compute": "bf16",
+        "master_weights": "fp32",
+        "optimizer_states": "fp32",
+        "gradient_reduction": "fp32",
+    }
+    for backend, rep in reports.items():
+        assert rep["effective"] == expected, backend
+        assert rep["warnings"] == [], backend
+
+
+@pytest.mark.slow
+def test_bf16_master_weights_and_states(side_runs) -> None:  # noqa: ANN001
+    """precision.master_dtype=bf16 maps to DeepSpeed's bf16 master weights, gradients and states."""
+    run = side_runs["pure_bf16"].result()
+    rep = json.loads((run / "precision.json").read_text())
+    assert rep["effective"]["master_weights"] == "bf16", rep
+    assert rep["effective"]["optimizer_states"] == "bf16", rep
+    assert not rep["warnings"], rep["warnings"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_bf16_master_weights_are_the_exact_fp32_init(side_runs, stage: int) -> None:  # noqa: ANN001
+    """DeepSpeed would derive fp32 masters from the bf16 copy; zerofit restores the exact init, so
+    ZeRO and FSDP (which shards the fp32 init itself) start from identical master weights."""
+    proc = side_runs[f"master{stage}"].result()
     assert "MISMATCHED 0 []" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 

@@ -259,6 +259,7 @@ def test_hf_qwen2_tied(qwen_run: Path, tmp: Path) -> None:
 
 
 def _fails(tmp: Path, *args: str) -> str:
+    """`zerofit export ARGS` as a user runs it: exit 2 and one line, nothing else."""
     proc = zerofit("export", *args, cwd=tmp)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
@@ -266,19 +267,32 @@ def _fails(tmp: Path, *args: str) -> str:
     return lines[0]
 
 
+def _fails_here(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """The same through `zerofit.cli.main` in this process (no process start-up)."""
+    from zerofit.cli import main
+
+    code = main(["export", *args])
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
 @pytest.mark.slow
-def test_cli_errors(fsdp_run: Path, tmp: Path) -> None:
+def test_cli_errors(fsdp_run: Path, tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = str(tmp / "never")
-    assert "no such run directory" in _fails(tmp, str(tmp / "nope"), "--out", out)
+    assert "no such run directory" in _fails_here(capsys, str(tmp / "nope"), "--out", out)
     (tmp / "not-a-run").mkdir()
-    assert "not a zerofit run" in _fails(tmp, str(tmp / "not-a-run"), "--out", out)
+    assert "not a zerofit run" in _fails_here(capsys, str(tmp / "not-a-run"), "--out", out)
     with pytest.raises(UserError, match="no checkpoint at step 7 .*there: step_00000004"):
         find_checkpoint(fsdp_run, 7)
     full = tmp / "full-out"
     full.mkdir()
     (full / "x.txt").write_text("keep me")
-    assert "not empty" in _fails(tmp, str(fsdp_run), "--out", str(full))
-    assert "trained no LoRA adapters" in _fails(tmp, str(fsdp_run), "--out", out, "--adapter")
+    assert "not empty" in _fails_here(capsys, str(fsdp_run), "--out", str(full))
+    no_lora = _fails_here(capsys, str(fsdp_run), "--out", out, "--adapter")
+    assert "trained no LoRA adapters" in no_lora
     assert (full / "x.txt").read_text() == "keep me"
 
     broken = tmp / "broken"
@@ -287,7 +301,7 @@ def test_cli_errors(fsdp_run: Path, tmp: Path) -> None:
     (broken / "config.yaml").write_text(config)
     for f in (broken / "checkpoints" / "step_00000004" / "model").glob("*.distcp"):
         f.unlink()
-    assert "missing" in _fails(tmp, str(broken), "--out", out)
+    assert "missing" in _fails(tmp, str(broken), "--out", out)  # end to end, in its own process
     assert not (tmp / "never").exists() and not list(tmp.glob("never.tmp-*"))
 
 

@@ -11,10 +11,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import deep_update, write_config
+from conftest import POOL, deep_update, wait_all, write_config
 
 from zerofit.checkpoint import complete_checkpoints, select_checkpoint, verify
 
@@ -81,6 +82,149 @@ def worker_pid(launcher: subprocess.Popen, local_rank: int) -> int:
         if ppid == launcher.pid and f"LOCAL_RANK={local_rank}".encode() in environ:
             return int(stat.parent.name)
     raise AssertionError("worker not found")
+
+
+# ----------------------------------------------------------------------------- NaN and inf
+# The runs of this section and the next only start and end: they are all started together in the
+# background (two at a time) by the `completed` fixture, before the tests further down that signal
+# or kill runs (whose timing they would disturb) start theirs.
+DIVERGE = {
+    "optim": {"lr": 1e30, "weight_decay": 0.0},
+    "train": {"steps": 6},
+    "checkpoint": {"every": 1, "keep_last": 10},
+}
+DIVERGING = ["ddp", "fsdp", "deepspeed"]
+SKIPPING = ["fsdp", "deepspeed"]
+DISKS = ["tmpfs", "injected"]
+
+
+def _to_end(tmp: Path, extra: dict, env: dict | None = None) -> tuple[int, str]:
+    code, err, _ = finish(start(tmp, "run", extra, env=env))
+    return code, err
+
+
+def _tmpfs(path: Path, size: str) -> bool:
+    path.mkdir()
+    if os.geteuid() != 0:
+        return False
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)])
+    return done.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def completed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """{case: (its directory, the Future of its (exit code, stderr)), or None where it cannot
+    run (the tmpfs without root)}."""
+    jobs: dict = {}
+
+    def submit(case: tuple[str, str], extra: dict, env: dict | None = None) -> None:
+        tmp = tmp_path_factory.mktemp("-".join(case))
+        jobs[case] = (tmp, POOL.submit(_to_end, tmp, extra, env))
+
+    for backend in DIVERGING:
+        extra = deep_update(DIVERGE, {"parallel": {"backend": backend}})
+        if backend == "deepspeed":
+            extra = deep_update(extra, {"train": {"steps": 3}})
+        submit(("diverge", backend), extra)
+    for backend in SKIPPING:
+        extra = {"train": {"steps": 5, "on_nonfinite": "skip"}, "parallel": {"backend": backend}}
+        submit(("skip", backend), extra, env={"ZEROFIT_TEST_NAN_AT": "3"})
+    submit(
+        ("skip", "too many"),
+        deep_update(DIVERGE, {"train": {"on_nonfinite": "skip", "max_skipped_steps": 2}}),
+    )
+    mounted = []
+    for how in DISKS:
+        tmp = tmp_path_factory.mktemp(f"disk-{how}")
+        disk = tmp / "disk"
+        extra = {"train": {"steps": 8}, "checkpoint": {"every": 2, "dir": str(disk / "ck")}}
+        env = None
+        if how == "tmpfs":
+            if not _tmpfs(disk, "30m"):  # one ~22 MB checkpoint fits, two do not
+                jobs["disk", how] = None
+                continue
+            mounted.append(disk)
+        else:
+            env = {"ZEROFIT_TEST_ENOSPC": "step_00000004.tmp"}
+        jobs["disk", how] = (tmp, POOL.submit(_to_end, tmp, extra, env))
+    try:
+        yield jobs
+    finally:
+        wait_all(job[1] for job in jobs.values() if job is not None)
+        for disk in mounted:
+            subprocess.run(["umount", str(disk)])
+
+
+@pytest.mark.parametrize("backend", DIVERGING)
+def test_a_diverging_run_stops_naming_the_step_and_saves_no_nan(completed, backend: str) -> None:  # noqa: ANN001
+    import torch
+
+    from zerofit.backends import checkpoint_readers
+    from zerofit.checkpoint.neutral import NeutralView, open_reader
+
+    tmp_path, job = completed["diverge", backend]
+    code, err = job.result()
+    assert code == 3, err[-3000:]
+    assert len(err.splitlines()) == 1, err
+    assert "stopped at step 2: the loss is nan" in err, err
+    assert "the update was not applied (train.on_nonfinite: stop)" in err
+    saved = complete_checkpoints(tmp_path / "run" / "checkpoints")
+    assert [p.name for p in saved] == ["step_00000001"]
+    assert f"the last good checkpoint is {saved[0]}" in err
+    where = saved[0] / "model"
+    fmt = verify(saved[0])["format"]
+    view = NeutralView(open_reader(where, fmt, checkpoint_readers()), where)
+    assert view.entries
+    for key in view.entries:  # weights and AdamW moments
+        assert torch.isfinite(view.read(key).float()).all(), key
+
+
+@pytest.mark.parametrize("backend", SKIPPING)
+def test_skip_drops_a_nan_step_and_goes_on(completed, backend: str) -> None:  # noqa: ANN001
+    tmp_path, job = completed["skip", backend]
+    code, err = job.result()
+    assert code == 0, err[-3000:]
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").open()]
+    skipped = [r for r in records if r.get("skipped")]
+    assert [r["step"] for r in skipped] == [3]
+    assert skipped[0]["loss"] is None and "loss" in skipped[0]["nonfinite"]
+    assert all(math.isfinite(r["loss"]) for r in records if not r.get("skipped"))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["nonfinite_skips"] == 1 and summary["loss_scale_skips"] == 0
+
+
+def test_skip_stops_after_too_many_in_a_row(completed) -> None:  # noqa: ANN001
+    tmp_path, job = completed["skip", "too many"]
+    code, err = job.result()
+    assert code == 3, err
+    assert "stopped at step 4:" in err and "3 non-finite steps in a row" in err, err
+    # The skipped steps' checkpoints hold step 1's (finite) weights.
+    assert [p.name for p in complete_checkpoints(tmp_path / "run" / "checkpoints")][-1] == (
+        "step_00000003"
+    )
+
+
+# ----------------------------------------------------------------------------- full disk
+@pytest.mark.parametrize("how", DISKS)
+def test_a_full_disk_names_the_errno_and_keeps_the_previous_checkpoint(completed, how: str) -> None:  # noqa: ANN001
+    if completed["disk", how] is None:
+        pytest.skip("mounting a tmpfs needs root")
+    tmp_path, job = completed["disk", how]
+    disk = tmp_path / "disk"
+    code, err = job.result()
+    assert code == 4, err
+    assert len(err.splitlines()) == 1, err
+    # Ranks may see different free space once one has removed its partial files; the
+    # launcher then names the rank whose record it quotes.
+    assert re.match(
+        r"error: (\(rank \d\) )?could not save the checkpoint of step 4: "
+        r"No space left on device \(ENOSPC\)",
+        err,
+    ), err
+    previous = disk / "ck" / "step_00000002"
+    assert f"The previous checkpoint ({previous}) is intact" in err
+    assert select_checkpoint(disk / "ck")[0] == previous  # what --resume takes
+    assert not list((disk / "ck").glob("*.tmp"))
 
 
 # ----------------------------------------------------------------------------- preemption
@@ -207,106 +351,3 @@ def test_restart_after_a_killed_rank_ends_with_the_uninterrupted_loss(
     steps = [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").open()]
     assert steps == sorted(set(steps)) and steps[-1] == 10  # one record per step
     del out
-
-
-# ----------------------------------------------------------------------------- NaN and inf
-DIVERGE = {
-    "optim": {"lr": 1e30, "weight_decay": 0.0},
-    "train": {"steps": 6},
-    "checkpoint": {"every": 1, "keep_last": 10},
-}
-
-
-@pytest.mark.parametrize("backend", ["ddp", "fsdp", "deepspeed"])
-def test_a_diverging_run_stops_naming_the_step_and_saves_no_nan(
-    tmp_path: Path, backend: str
-) -> None:
-    import torch
-
-    from zerofit.backends import checkpoint_readers
-    from zerofit.checkpoint.neutral import NeutralView, open_reader
-
-    extra = deep_update(DIVERGE, {"parallel": {"backend": backend}})
-    if backend == "deepspeed":
-        extra = deep_update(extra, {"train": {"steps": 3}})
-    code, err, _ = finish(start(tmp_path, "run", extra))
-    assert code == 3, err[-3000:]
-    assert len(err.splitlines()) == 1, err
-    assert "stopped at step 2: the loss is nan" in err, err
-    assert "the update was not applied (train.on_nonfinite: stop)" in err
-    saved = complete_checkpoints(tmp_path / "run" / "checkpoints")
-    assert [p.name for p in saved] == ["step_00000001"]
-    assert f"the last good checkpoint is {saved[0]}" in err
-    where = saved[0] / "model"
-    fmt = verify(saved[0])["format"]
-    view = NeutralView(open_reader(where, fmt, checkpoint_readers()), where)
-    assert view.entries
-    for key in view.entries:  # weights and AdamW moments
-        assert torch.isfinite(view.read(key).float()).all(), key
-
-
-@pytest.mark.parametrize("backend", ["fsdp", "deepspeed"])
-def test_skip_drops_a_nan_step_and_goes_on(tmp_path: Path, backend: str) -> None:
-    extra = {"train": {"steps": 5, "on_nonfinite": "skip"}, "parallel": {"backend": backend}}
-    proc = start(tmp_path, "run", extra, env={"ZEROFIT_TEST_NAN_AT": "3"})
-    code, err, _ = finish(proc)
-    assert code == 0, err[-3000:]
-    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").open()]
-    skipped = [r for r in records if r.get("skipped")]
-    assert [r["step"] for r in skipped] == [3]
-    assert skipped[0]["loss"] is None and "loss" in skipped[0]["nonfinite"]
-    assert all(math.isfinite(r["loss"]) for r in records if not r.get("skipped"))
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["nonfinite_skips"] == 1 and summary["loss_scale_skips"] == 0
-
-
-def test_skip_stops_after_too_many_in_a_row(tmp_path: Path) -> None:
-    extra = deep_update(DIVERGE, {"train": {"on_nonfinite": "skip", "max_skipped_steps": 2}})
-    code, err, _ = finish(start(tmp_path, "run", extra))
-    assert code == 3, err
-    assert "stopped at step 4:" in err and "3 non-finite steps in a row" in err, err
-    # The skipped steps' checkpoints hold step 1's (finite) weights.
-    assert [p.name for p in complete_checkpoints(tmp_path / "run" / "checkpoints")][-1] == (
-        "step_00000003"
-    )
-
-
-# ----------------------------------------------------------------------------- full disk
-def _tmpfs(path: Path, size: str) -> bool:
-    path.mkdir()
-    if os.geteuid() != 0:
-        return False
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)])
-    return done.returncode == 0
-
-
-@pytest.mark.parametrize("how", ["tmpfs", "injected"])
-def test_a_full_disk_names_the_errno_and_keeps_the_previous_checkpoint(
-    tmp_path: Path, how: str
-) -> None:
-    disk = tmp_path / "disk"
-    extra = {"train": {"steps": 8}, "checkpoint": {"every": 2, "dir": str(disk / "ck")}}
-    env = None
-    if how == "tmpfs":
-        if not _tmpfs(disk, "30m"):  # one ~22 MB checkpoint fits, two do not
-            pytest.skip("mounting a tmpfs needs root")
-    else:
-        env = {"ZEROFIT_TEST_ENOSPC": "step_00000004.tmp"}
-    try:
-        code, err, _ = finish(start(tmp_path, "run", extra, env=env))
-        assert code == 4, err
-        assert len(err.splitlines()) == 1, err
-        # Ranks may see different free space once one has removed its partial files; the
-        # launcher then names the rank whose record it quotes.
-        assert re.match(
-            r"error: (\(rank \d\) )?could not save the checkpoint of step 4: "
-            r"No space left on device \(ENOSPC\)",
-            err,
-        ), err
-        previous = disk / "ck" / "step_00000002"
-        assert f"The previous checkpoint ({previous}) is intact" in err
-        assert select_checkpoint(disk / "ck")[0] == previous  # what --resume takes
-        assert not list((disk / "ck").glob("*.tmp"))
-    finally:
-        if how == "tmpfs":
-            subprocess.run(["umount", str(disk)])

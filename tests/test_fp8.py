@@ -15,11 +15,12 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import POOL, TINY, deep_update, losses, write_config, zerofit
+from conftest import POOL, TINY, deep_update, losses, wait_all, write_config, zerofit
 from torch import nn
 
 from zerofit.config import resolve_precision
@@ -251,10 +252,10 @@ from zerofit.cli import main
 sys.exit(main(["train", *sys.argv[1:]]))
 """
 # Runs of 10 steps at lr 3e-3 on 2 ranks (fp32 compute, the SMALL blocks, 2 x 32 tokens a rank):
-# fp8 against fp8=none, the worst step (observed: FSDP tensorwise 0.4%, DDP rowwise 0.2%). The
-# bound is below what a changed run moves (the same run from init seed 1 differs by 4.1%, with
-# lr x1.1 by 1.7%). What breaks float8 learning is caught in-process above; here the bound checks
-# that the engines' float8 runs train like the unconverted ones.
+# fp8 against FSDP2 without fp8, the worst step (observed: FSDP tensorwise 0.4%, DDP rowwise
+# 0.2%). The bound is below what a changed run moves (the same run from init seed 1 differs by
+# 4.1%, with lr x1.1 by 1.7%). What breaks float8 learning is caught in-process above; here the
+# bound checks that the engines' float8 runs train like the unconverted ones.
 RUN_RTOL = 0.015
 
 
@@ -276,55 +277,68 @@ def _close(got: dict[int, float], ref: dict[int, float]) -> float:
     return max(abs(got[s] - ref[s]) / ref[s] for s in ref)
 
 
+@pytest.fixture(scope="module")
+def fp8_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict]]:
+    """The runs the two tests below compare, started together in the background (two at a time):
+    FSDP2 without fp8 (the reference of both: DDP and FSDP2 give the same losses in fp32, to
+    ~1e-7, tests/test_parity.py), FSDP2 tensorwise (checkpoint at step 5), DDP rowwise."""
+    tmp = tmp_path_factory.mktemp("fp8")
+    (tmp / "run.py").write_text(RUN)
+    args = {
+        "none": (),
+        "full": ("--precision.fp8", "tensorwise", "--checkpoint.every", "5"),
+        "rowwise": ("--parallel.backend", "ddp", "--precision.fp8", "rowwise"),
+    }
+    out = {name: POOL.submit(_torchrun, tmp, name, *a) for name, a in args.items()}
+    yield tmp, out
+    wait_all(out.values())
+
+
+def _done(fp8_runs: tuple[Path, dict], name: str) -> Path:
+    tmp, runs = fp8_runs
+    proc = runs[name].result()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp / name
+
+
 @pytest.mark.slow
 @pytest.mark.dist
-def test_fsdp_tensorwise_trains_reports_and_resumes_exactly(tmp_path: Path) -> None:
+def test_fsdp_tensorwise_trains_reports_and_resumes_exactly(fp8_runs) -> None:  # noqa: ANN001
     """FSDP2 on 2 ranks: tensorwise all-gathers the weights in float8, their scales precomputed
     after each update. A run resumed at step 5 (its first all-gathers compute the scales afresh
     from the loaded weights) logs the same losses, bit for bit, as the run that went on: scales
     left stale by the update (precomputed before it) move them by ~1e-4."""
     import shutil
 
-    (tmp_path / "run.py").write_text(RUN)
-    base = POOL.submit(_torchrun, tmp_path, "none")  # both at once, in the background
-    fp8_args = ("--precision.fp8", "tensorwise", "--checkpoint.every", "5")
-    full = _torchrun(tmp_path, "full", *fp8_args)
-    base = base.result()
-    assert base.returncode == 0, base.stderr[-3000:]
-    assert full.returncode == 0, full.stderr[-3000:]
-    worst = _close(losses(tmp_path / "full"), losses(tmp_path / "none"))
+    none, full = _done(fp8_runs, "none"), _done(fp8_runs, "full")
+    worst = _close(losses(full), losses(none))
     print(f"fsdp tensorwise vs none: worst relative loss difference {worst:.3f}")
     assert 0 < worst <= RUN_RTOL
-    rep = json.loads((tmp_path / "full" / "precision.json").read_text())
+    rep = json.loads((full / "precision.json").read_text())
     assert rep["warnings"] == [] and rep["fp8"]["recipe"] == "tensorwise"
     assert rep["fp8"]["float8_all_gather"] is True
     assert rep["fp8"]["high_precision_linears"] == {"output": 1}
     assert sum(rep["fp8"]["float8_linears"].values()) == 2 * len(BLOCK_LINEARS)
-    assert "fp8" not in json.loads((tmp_path / "none" / "precision.json").read_text())
+    assert "fp8" not in json.loads((none / "precision.json").read_text())
 
+    tmp = full.parent
     step5 = Path("checkpoints") / "step_00000005"
-    shutil.copytree(tmp_path / "full" / step5, tmp_path / "cut" / step5)
-    cut = _torchrun(tmp_path, "cut", "--precision.fp8", "tensorwise", "--resume")
+    shutil.copytree(full / step5, tmp / "cut" / step5)
+    cut = _torchrun(tmp, "cut", "--precision.fp8", "tensorwise", "--resume")
     assert cut.returncode == 0, cut.stderr[-3000:]
-    before, after = losses(tmp_path / "full"), losses(tmp_path / "cut")
+    before, after = losses(full), losses(tmp / "cut")
     assert sorted(after) == [6, 7, 8, 9, 10]
     assert all(after[s] == before[s] for s in after), {s: (before[s], after[s]) for s in after}
 
 
 @pytest.mark.slow
 @pytest.mark.dist
-def test_ddp_rowwise_trains(tmp_path: Path) -> None:
-    args = ("--parallel.backend", "ddp")
-    (tmp_path / "run.py").write_text(RUN)
-    base = POOL.submit(_torchrun, tmp_path, "none", *args)  # both at once, in the background
-    run = _torchrun(tmp_path, "rowwise", *args, "--precision.fp8", "rowwise")
-    base = base.result()
-    assert base.returncode == 0, base.stderr[-3000:]
-    assert run.returncode == 0, run.stderr[-3000:]
-    worst = _close(losses(tmp_path / "rowwise"), losses(tmp_path / "none"))
+def test_ddp_rowwise_trains(fp8_runs) -> None:  # noqa: ANN001
+    run = _done(fp8_runs, "rowwise")
+    worst = _close(losses(run), losses(_done(fp8_runs, "none")))
     print(f"ddp rowwise vs none: worst relative loss difference {worst:.3f}")
     assert 0 < worst <= RUN_RTOL
-    rep = json.loads((tmp_path / "rowwise" / "precision.json").read_text())
+    rep = json.loads((run / "precision.json").read_text())
     assert rep["fp8"]["recipe"] == "rowwise" and rep["fp8"]["float8_all_gather"] is False
     assert rep["fp8"]["high_precision_linears"] == {"output": 1}, rep
 

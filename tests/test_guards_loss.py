@@ -149,3 +149,24 @@ def test_the_head_gives_logits_or_the_mean_loss(chunk: int) -> None:
     torch.testing.assert_close(logits, h @ head.weight.T)
     want = F.cross_entropy(h @ head.weight.T, t)
     torch.testing.assert_close(head(h, t), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_ignored_target_is_the_one_the_data_writes() -> None:
+    """zerofit.data writes -100 where no loss falls (it does not import the models' constant)."""
+    from zerofit.data.packing import IGNORE_INDEX as DATA_IGNORE
+
+    assert IGNORE_INDEX == DATA_IGNORE == -100
+    h, w, t = data()
+    t[[1, 2, 7]] = -100
+    want = F.cross_entropy(h @ w.T, t, ignore_index=-100)
+    torch.testing.assert_close(linear_cross_entropy(h, w, t, 3), want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(cross_entropy((h @ w.T)[None], t[None]), want)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 64])
+def test_a_single_target_is_its_own_mean(chunk: int) -> None:
+    h, w, t = data()
+    t[:] = -100
+    t[6] = 3
+    want = F.cross_entropy((h @ w.T)[6:7], t[6:7])
+    torch.testing.assert_close(linear_cross_entropy(h, w, t, chunk), want, rtol=1e-6, atol=1e-6)

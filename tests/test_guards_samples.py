@@ -135,3 +135,39 @@ def test_only_assistant_tokens_are_learned_in_a_long_conversation(folder: Path) 
     full = r.hf.apply_chat_template(msgs, tokenize=True)
     full = full["input_ids"] if hasattr(full, "keys") else full
     assert s.ids.tolist() == list(full)
+
+
+def test_a_tokenizer_that_adds_special_tokens_adds_none_to_a_chat(folder: Path) -> None:
+    """The template writes the special tokens itself: the ids stay apply_chat_template's even
+    where the tokenizer would add a BOS of its own."""
+    from tokenizers.processors import TemplateProcessing
+
+    r = renderer(folder)
+    bos = r.hf.convert_tokens_to_ids("</s>")
+    r.hf.backend_tokenizer.post_processor = TemplateProcessing(
+        single="</s> $A", special_tokens=[("</s>", bos)]
+    )
+    assert r.hf("red")["input_ids"][0] == bos  # it would add one to plain text
+    msgs = [{"role": "user", "content": "red"}, {"role": "assistant", "content": "cat"}]
+    full = r.hf.apply_chat_template(msgs, tokenize=True)
+    full = full["input_ids"] if hasattr(full, "keys") else full
+    for train_on in ("completion", "all"):
+        assert r.sample_messages(msgs, "f:1", train_on).ids.tolist() == list(full)
+
+
+# Turns without an end-of-turn marker: an empty assistant turn renders as its header alone.
+BARE = (
+    "{% for m in messages %}{{ m['role'] + ': ' + m['content'] }}"
+    "{% if m['role'] != 'assistant' %}{{ '\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+)
+
+
+def test_an_empty_assistant_turn_learns_nothing_and_is_no_error(folder: Path) -> None:
+    r = renderer(folder, BARE)
+    msgs = [{"role": "user", "content": "red"}, {"role": "assistant", "content": ""}]
+    s = r.sample_messages(msgs, "f:1", "completion")
+    assert not s.mask.any()
+    msgs = [{"role": "user", "content": "red"}, {"role": "assistant", "content": "cat"}]
+    s = r.sample_messages(msgs, "f:1", "completion")
+    assert learned(r, s.ids, s.mask) == [" cat"]  # the token that overlaps the turn

@@ -431,9 +431,11 @@ def run_target(
     only: set[str] | None,
     before: bool,
     previous: dict | None = None,
+    sample: int = 1,
 ) -> dict:
     """Run every mutant of `t`; with `previous` (its last results), only those that survived
-    there or are new (adding tests cannot revive a killed mutant of the same source)."""
+    there unjudged, or are new (adding tests cannot revive a killed mutant of the same source;
+    a survivor judged harmless in harmless.toml keeps its status)."""
     rel = Path(t.path)
     tests = t.tests if before else [*t.guards, *t.tests]  # the focused (fast) ones first
     if not any(not a.startswith("-") for a in tests):
@@ -443,6 +445,7 @@ def run_target(
     source = (ROOT / rel).read_text()
     module = module_name(t.path)
     baseline, mutants = find_mutants(source, module, t.scopes)
+    mutants = mutants[::sample]  # --sample N: every N-th mutant only (said in the results)
     logs = Path(tempfile.mkdtemp(prefix=f"mut-{t.key}-"))
     target_file.write_text(baseline)
     status, failed, base_s = run_tests(work, tests, 600, logs / "baseline.log")
@@ -456,8 +459,15 @@ def run_target(
     )
     done = {}
     if previous is not None:
-        done = {r["id"]: r for r in previous["results"] if r["status"] in ("killed", "timeout")}
-        print(f"[{t.key}] rerun: {len(done)} killed before are kept, the rest run again")
+        done = {
+            r["id"]: r
+            for r in previous["results"]
+            if r["status"] in ("killed", "timeout") or r["id"] in harmless
+        }
+        print(
+            f"[{t.key}] rerun: {len(done)} killed or judged harmless before are kept, "
+            "the rest run again"
+        )
     for n, (m, text) in enumerate(mutants, 1):
         if only and m.id not in only:
             continue
@@ -548,6 +558,8 @@ def write_summary(results: Path) -> None:
                 )
             }
         )
+        if r.get("sampled_every"):
+            rows[-1]["key"] = f"{r['key']} (every {r['sampled_every']}th mutant)"
     tot = {
         k: sum(r[k] or 0 for r in rows)
         for k in ("mutants", "killed", "survived", "timeout", "error", "harmless")
@@ -633,6 +645,9 @@ def main() -> int:
         "--planted", action="store_true", help="run the hand-planted bugs of planted.toml only"
     )
     ap.add_argument(
+        "--sample", type=int, default=1, help="run every N-th mutant only (results say so)"
+    )
+    ap.add_argument(
         "--rerun-survivors",
         action="store_true",
         help="keep the mutants the last results killed; run only the survivors and new ones",
@@ -681,7 +696,9 @@ def main() -> int:
                 previous = json.loads(last.read_text())
                 previous = previous if "results" in previous else None
             only = set(args.only) if args.only else None
-            r = run_target(t, work, harmless, only, args.before, previous)
+            r = run_target(t, work, harmless, only, args.before, previous, args.sample)
+            if args.sample > 1:
+                r["sampled_every"] = args.sample
             if previous is not None:
                 r["rerun_of_survivors"] = True
             r["date"] = _dt.date.today().isoformat()
