@@ -80,6 +80,32 @@ def test_single_process_dcp_drops_only_that_warning() -> None:
     assert [str(w.message) for w in seen] == ["another warning"]
 
 
+def test_weights_only_loads_drop_the_protocol_notice_and_nothing_else(tmp_path: Path) -> None:
+    """A pickle of protocol 4 (Python's default, which other tools write) that torch's weights-only
+    unpickler cannot read: both of zerofit's readers refuse it in one line, without torch's
+    protocol notice before it."""
+    import torch
+
+    from zerofit.checkpoint.safe_load import load_torch_file
+    from zerofit.errors import UserError
+    from zerofit.models.hf_weights import _load_bin
+
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({"w": torch.ones(2)}, path, pickle_protocol=4)
+    for load in (load_torch_file, _load_bin):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with pytest.raises(UserError):
+                load(str(path))
+        assert not [str(w.message) for w in seen if "protocol" in str(w.message)], load
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet.weights_only_load():
+            warnings.warn("Detected pickle protocol 4 in the checkpoint", UserWarning, stacklevel=1)
+            warnings.warn("another warning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["another warning"]
+
+
 def _quiet(proc) -> None:  # noqa: ANN001 - a CompletedProcess
     assert proc.returncode == 0, proc.stderr[-3000:]
     noise = NOISE.findall(proc.stdout + proc.stderr)

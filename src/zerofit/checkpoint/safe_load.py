@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 
 from zerofit.errors import UserError
+from zerofit.report import quiet
 
 
 class UnsafeCheckpointError(UserError):
@@ -102,7 +103,7 @@ def load_torch_file(
     """``torch.load`` that cannot run code: weights only, plus the plain-data classes `allowed`
     (an engine's records, e.g. DeepSpeed's loss scaler)."""
     try:
-        with torch.serialization.safe_globals(list(allowed)):
+        with torch.serialization.safe_globals(list(allowed)), quiet.weights_only_load():
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except OSError as e:
         raise UnsafeCheckpointError(f"cannot read {path}: {e.strerror or e}") from None

@@ -35,6 +35,7 @@ from zerofit.errors import UserError
 from zerofit.models.hf import PREFIX
 from zerofit.models.hf_head import HFCausalLM
 from zerofit.models.llama import strip_wrapper_names
+from zerofit.report import quiet
 
 __all__ = ["HFWeights", "WeightFiles", "find_weights", "load_hf_weights", "match_parameters"]
 
@@ -163,9 +164,10 @@ def _safetensors_shapes(path: str) -> dict[str, tuple[int, ...]]:
 def _load_bin(path: str) -> dict[str, torch.Tensor]:
     """A .bin state dict, weights only (no code runs) and memory-mapped where the file allows."""
     try:
-        state = torch.load(
-            path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path)
-        )
+        with quiet.weights_only_load():
+            state = torch.load(
+                path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path)
+            )
     except pickle.UnpicklingError as e:
         found = re.search(r"GLOBAL (\S+)", str(e))
         if "weights only" not in str(e).lower() or found is None:

@@ -13,6 +13,9 @@ zerofit makes) and the message; everything else those libraries say still passes
 - DeepSpeed logs, on every rank, that it fell back to its CPU accelerator, and prints, on every
   rank, that it built its shared-memory collective op. zerofit says which accelerator DeepSpeed
   runs on once, on rank 0 (`engine_line`).
+- torch's weights-only unpickler warns that a file's pickle protocol (4, Python's default, which
+  `torch.save` of older torch and of transformers writes) is not the one it writes itself (2),
+  before it reads it with the allowlist anyway (`weights_only_load`).
 - torch's DCP warns, on every single-process read (the launcher checking a checkpoint, `zerofit
   export`), that it is reading in a single process: that is what zerofit asked for (`no_dist=True`).
 
@@ -33,6 +36,7 @@ _PYTREE_NOTICE = "is now natively supported by torch.compile as an opaque value 
 _DS_CPU_FALLBACK = "Setting accelerator to CPU"
 _DS_BUILT = re.compile(r"^DeepSpeed \S+ built successfully$")
 _DCP_SINGLE = "torch.distributed is disabled, unavailable or uninitialized"
+_PICKLE_PROTOCOL = "Detected pickle protocol"
 
 
 class _LibraryNoise(logging.Filter):
@@ -102,4 +106,12 @@ def single_process_dcp() -> Iterator[None]:
     """Around a DCP read zerofit makes in one process on purpose (`no_dist=True`)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_DCP_SINGLE, category=UserWarning)
+        yield
+
+
+@contextlib.contextmanager
+def weights_only_load() -> Iterator[None]:
+    """Around a `torch.load(weights_only=True)` zerofit makes: the protocol notice is dropped."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_PICKLE_PROTOCOL, category=UserWarning)
         yield
