@@ -93,10 +93,12 @@ def test_measure_takes_the_median_after_warmup() -> None:
 @pytest.mark.slow
 @pytest.mark.dist
 def test_bench_runs_every_engine_on_cpu(tmp_path: Path) -> None:
-    """ddp, fsdp and deepspeed at 2 processes plus one variant that fails: all reported, table and
-    charts written, the same data and seed give the same final loss under every engine."""
+    """Two engines at 2 processes plus one variant that fails: all reported, table and charts
+    written, the same data and seed give the same final loss under each engine. (bench runs
+    each variant as `zerofit train` does, whatever its engine: DeepSpeed's training, its memory
+    report and its parity with FSDP2 are tested in tests/test_deepspeed.py.)"""
     out = tmp_path / "bench"
-    cmd = [sys.executable, "-m", "zerofit.cli", "bench", "--backends", "ddp,fsdp,deepspeed"]
+    cmd = [sys.executable, "-m", "zerofit.cli", "bench", "--backends", "ddp,fsdp"]
     cmd += ["--nproc", "2", "--warmup", "1", "--steps", "3", "--out", str(out)]
     cmd += ["--variant", "too long: model.seq_len=4096 parallel.backend=fsdp"]
     cmd += ["--model.overrides", "{n_layers: 2}", "--data.max_tokens", "200000"]
@@ -105,10 +107,10 @@ def test_bench_runs_every_engine_on_cpu(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((out / "results.json").read_text())
     by_name = {r["name"]: r for r in data["results"]}
-    assert set(by_name) == {"ddp", "fsdp", "deepspeed", "too long"}
+    assert set(by_name) == {"ddp", "fsdp", "too long"}
     assert by_name["too long"]["status"] == "failed"
     assert "seq_len" in by_name["too long"]["error"]
-    ok = [by_name[n] for n in ("ddp", "fsdp", "deepspeed")]
+    ok = [by_name[n] for n in ("ddp", "fsdp")]
     for r in ok:
         assert r["status"] == "ok", r
         assert r["tokens_per_s"] > 0 and r["measured_steps"] == 3
@@ -116,11 +118,11 @@ def test_bench_runs_every_engine_on_cpu(tmp_path: Path) -> None:
         assert r["mem_alloc_gib"] > 0
     losses = [r["final_loss"] for r in ok]
     assert max(losses) - min(losses) < 1e-3 * losses[0], losses
-    assert data["best"] in {"ddp", "fsdp", "deepspeed"}
+    assert data["best"] in {"ddp", "fsdp"}
     md = (out / "results.md").read_text()
     assert "| ddp | ok |" in md and "too long: failed" in md
     for png in ("throughput.png", "memory.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert "best:" in proc.stdout
-    for engine in ("ddp", "fsdp", "deepspeed"):  # several engines: the best of each is named too
+    for engine in ("ddp", "fsdp"):  # several engines: the best of each is named too
         assert f"best {engine}: {engine}" in proc.stdout
