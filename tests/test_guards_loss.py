@@ -170,3 +170,29 @@ def test_a_single_target_is_its_own_mean(chunk: int) -> None:
     t[6] = 3
     want = F.cross_entropy((h @ w.T)[6:7], t[6:7])
     torch.testing.assert_close(linear_cross_entropy(h, w, t, chunk), want, rtol=1e-6, atol=1e-6)
+
+
+def _one_chunk_past_fp16(device: str, dtype: torch.dtype) -> None:
+    """4096 tokens in one chunk, every target 0, h = 64 everywhere and a zero head (softmax 1/16):
+    each token adds (1/16 - 1) * 64 to row 0 of the head's gradient, -245760 over the chunk, past
+    fp16's largest value (65504); the mean's gradient, -60, is well inside it."""
+    n, d, v = 4096, 8, 16
+    h = torch.full((n, d), 64.0, dtype=dtype, device=device)
+    w = torch.zeros(v, d, dtype=dtype, device=device, requires_grad=True)
+    t = torch.zeros(n, dtype=torch.long, device=device)
+    loss = linear_cross_entropy(h, w, t, n)
+    loss.backward()
+    want = torch.full((v, d), 64.0 / 16)
+    want[0] = 64.0 * (1 / 16 - 1)
+    torch.testing.assert_close(loss.cpu(), torch.tensor(16.0).log())
+    assert w.grad is not None and w.grad.dtype == dtype
+    torch.testing.assert_close(w.grad.float().cpu(), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_on_cuda_a_chunks_head_gradient_is_summed_in_fp32(dtype: torch.dtype) -> None:
+    """On CUDA the weight gradient of a 16-bit chunk is accumulated by the GEMM into fp32: a chunk
+    whose sum passes fp16's range still gives the finite, exact mean gradient (a product formed
+    in fp16 first is -inf), and the head gets a gradient at all."""
+    _one_chunk_past_fp16("cuda", dtype)

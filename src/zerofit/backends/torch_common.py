@@ -33,9 +33,10 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def cast_frozen_(model: nn.Module, dtype: torch.dtype) -> None:
     """Store every frozen parameter (``requires_grad`` False: a LoRA base) in ``dtype``, the
-    compute dtype: nothing updates it, so it needs no master copy. In place (ties kept)."""
+    compute dtype: nothing updates it, so it needs no master copy. In place (ties kept). Integer
+    storage (a QLoRA base's NF4 codes and scales) is left as it is."""
     for p in model.parameters():
-        if not p.requires_grad and p.dtype != dtype:
+        if not p.requires_grad and p.dtype.is_floating_point and p.dtype != dtype:
             p.data = p.data.to(dtype)
 
 

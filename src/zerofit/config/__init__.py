@@ -242,6 +242,11 @@ def validate(cfg: Config) -> None:
             f"precision.fp8={cfg.precision.fp8} with LoRA (model.lora.rank > 0) is not supported: "
             "train the adapters in bf16 (precision.fp8: none)"
         )
+    if m.lora.quantize != "none" and m.lora.rank == 0:
+        raise UserError(
+            f"model.lora.quantize={m.lora.quantize} stores the frozen base of LoRA's adapted "
+            "layers: give model.lora.rank > 0 too (QLoRA), or model.lora.quantize: none"
+        )
     p = cfg.parallel
     if (p.activation_checkpointing == "first_k") != (p.ac_blocks is not None):
         raise UserError(

@@ -40,6 +40,13 @@ class LoRAConfig:
         Str | list[Str],
         doc("'all-linear' (every linear layer but the output head), or module names to adapt"),
     ] = "all-linear"
+    quantize: A[
+        Literal["none", "nf4"],
+        doc(
+            "the frozen base of the adapted layers: none (as trained), or nf4 (QLoRA: 4-bit "
+            "NormalFloat with double-quantised scales, computed in the run's compute dtype)"
+        ),
+    ] = "none"
 
 
 @dataclass(config=SECTION)

@@ -9,7 +9,6 @@ holds more than one full parameter at a time.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable
 from functools import partial
 
@@ -21,6 +20,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from zerofit.distributed.ac_blocks import checkpointed_blocks
 from zerofit.models import loss
+from zerofit.models.init import param_seed
 from zerofit.models.llama import strip_wrapper_names
 from zerofit.models.meta import allocate_
 
@@ -101,10 +101,6 @@ def apply_compile_forward(blocks: nn.ModuleList) -> None:
     for block in blocks:
         inner = getattr(block, "_checkpoint_wrapped_module", block)
         inner.forward = torch.compile(inner.forward, fullgraph=True)  # type: ignore[method-assign]
-
-
-def param_seed(init_seed: int, name: str) -> int:
-    return (init_seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
 
 
 def full_param(

@@ -24,6 +24,7 @@ from zerofit.models.hf_weights import load_hf_weights
 from zerofit.models.init import hf_init, llama_init
 from zerofit.models.llama import Llama
 from zerofit.models.meta import meta_params
+from zerofit.models.nf4 import weight_count
 from zerofit.models.presets import preset_args
 from zerofit.models.shape import ModelShape
 
@@ -128,9 +129,10 @@ def build_model(
 
 
 def param_counts(module: nn.Module) -> tuple[int, int]:
-    """(all, trainable) parameters of a module not yet sharded (meta parameters count too)."""
-    params = list(module.parameters())
-    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+    """(all, trainable) parameters of a module not yet sharded (meta parameters count too); a
+    weight stored in NF4 (QLoRA) counts its elements, not its storage's."""
+    trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    return weight_count(module), trainable
 
 
 def _short(n: float, units: tuple[str, ...], sep: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+import zlib
 from collections.abc import Callable
 from functools import partial
 
@@ -27,6 +28,11 @@ Initializer = Callable[[str, torch.Tensor, torch.Generator], None]
 _LAYER_RE = re.compile(r"layers\.(\d+)\.(.+)")
 _OUT_PROJECTIONS = ("attention.wo.weight", "feed_forward.w2.weight")
 _HF_UNKNOWN = "unknown parameter name for this Hugging Face model"
+
+
+def param_seed(init_seed: int, name: str) -> int:
+    """The seed of one parameter's initialisation: its (wrapper-free) name and the run's seed."""
+    return (init_seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
 
 
 def _check_shape(

@@ -32,8 +32,10 @@ from torch import nn
 
 from zerofit.errors import UserError
 from zerofit.models import ModelSpec
+from zerofit.models.init import param_seed
 from zerofit.models.lora_delta import lora_delta
 from zerofit.models.loss import LMHead
+from zerofit.models.nf4 import NF4Weight, QuantizedSource, nf4_linear, quantizable, weight_count
 from zerofit.models.shape import ModelShape, ParamCounts
 
 if TYPE_CHECKING:
@@ -56,23 +58,36 @@ class LoRAFactor(nn.Module):
 
 
 class LoRALinear(nn.Module):
-    """``base(x) + scale * lora_B(lora_A(dropout(x)))``, keeping the base's parameter names."""
+    """``base(x) + scale * lora_B(lora_A(dropout(x)))``, keeping the base's parameter names; with
+    `nf4` (QLoRA) the base weight is stored as ``<layer>.nf4.*`` (``zerofit.models.nf4``)."""
 
     def __init__(
-        self, base: nn.Linear, rank: int, alpha: float, dropout: float, lean: bool = True
+        self,
+        base: nn.Linear,
+        rank: int,
+        alpha: float,
+        dropout: float,
+        lean: bool = True,
+        nf4: bool = False,
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = base.in_features, base.out_features
-        self.weight = base.weight
-        self.register_parameter("bias", base.bias)
         device = base.weight.device if base.weight.device.type == "meta" else None
+        if nf4:
+            self.nf4 = NF4Weight((base.out_features, base.in_features), device=device)
+        else:
+            self.weight = base.weight
+        self.register_parameter("bias", base.bias)
         self.lora_A = LoRAFactor(base.in_features, rank, device)
         self.lora_B = LoRAFactor(rank, base.out_features, device)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.p, self.scale, self.lean = dropout, alpha / rank, lean
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight, self.bias)
+        if hasattr(self, "nf4"):
+            out = nf4_linear(x, self.nf4, self.bias)
+        else:
+            out = F.linear(x, self.weight, self.bias)
         a, b = self.lora_A.weight, self.lora_B.weight
         if self.lean and a.dim() == 2 and b.dim() == 2:  # whole here: one lean function
             return out + lora_delta(x, a, b, self.p, self.scale, self.training)
@@ -154,9 +169,16 @@ def _input_embedding(root: nn.Module) -> nn.Module | None:
 
 
 def inject(
-    root: nn.Module, names: list[str], rank: int, alpha: float, dropout: float, lean: bool = True
+    root: nn.Module,
+    names: list[str],
+    rank: int,
+    alpha: float,
+    dropout: float,
+    lean: bool = True,
+    nf4: frozenset[str] = frozenset(),
 ) -> nn.Module:
-    """Replace the named linear layers by ``LoRALinear``s, in place; freeze all but the factors.
+    """Replace the named linear layers by ``LoRALinear``s, in place (those in `nf4` with their
+    base weight in NF4); freeze all but the factors.
 
     The frozen input embedding's output is marked as requiring grad (as PEFT's
     ``enable_input_require_grads``), so the first block's input does too: DeepSpeed ZeRO-3 with
@@ -164,7 +186,8 @@ def inject(
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = root.get_submodule(parent_name) if parent_name else root
-        setattr(parent, child, LoRALinear(getattr(parent, child), rank, alpha, dropout, lean))
+        layer = LoRALinear(getattr(parent, child), rank, alpha, dropout, lean, name in nf4)
+        setattr(parent, child, layer)
     for pname, p in root.named_parameters():
         p.requires_grad_(is_adapter(pname))
     embedding = _input_embedding(root)
@@ -203,12 +226,51 @@ def _weights_with_adapters(base: Callable | None) -> Callable | None:
 
 
 def _construct_with_adapters(
-    base: Callable, names: list[str], lora: LoRAConfig, lean: bool
+    base: Callable, names: list[str], lora: LoRAConfig, lean: bool, nf4: frozenset[str]
 ) -> Callable:
     def construct() -> nn.Module:
-        return inject(base(), names, lora.rank, lora.alpha, lora.dropout, lean)
+        return inject(base(), names, lora.rank, lora.alpha, lora.dropout, lean, nf4)
 
     return construct
+
+
+def _weights_quantized(
+    spec: ModelSpec, shapes: dict[str, tuple[int, ...]], init_seed: int
+) -> Callable[[str], torch.Tensor | None]:
+    """``spec.weights`` for a QLoRA model: each ``<layer>.nf4.*`` piece is quantised from the
+    value ``<layer>.weight`` has in the LoRA run of the same config (read from disk, or its
+    name-seeded init), on this rank's GPU where there is one."""
+    base = _weights_with_adapters(spec.weights)
+
+    def source(weight_name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        loaded = spec.weights(weight_name) if spec.weights is not None else None
+        if loaded is not None:
+            return loaded.to(device)
+        full = torch.empty(shape, dtype=torch.float32, device=device)
+        gen = torch.Generator(device=device).manual_seed(param_seed(init_seed, weight_name))
+        spec.init_param_(weight_name, full, gen)
+        return full
+
+    pieces = QuantizedSource(source, shapes)
+
+    def weights(name: str) -> torch.Tensor | None:
+        piece = pieces(name)
+        if piece is not None:
+            return piece
+        return base(name) if base is not None else None
+
+    return weights
+
+
+def _nf4_layers(spec: ModelSpec, names: list[str], lora: LoRAConfig) -> dict[str, tuple[int, ...]]:
+    """{``<layer>.weight``: shape} of the adapted layers whose base is stored in NF4: all of them
+    with ``quantize: nf4``, but those whose size is not a multiple of 16384 (they stay as they
+    are, and the report says so)."""
+    if lora.quantize != "nf4":
+        return {}
+    shapes = {n: tuple(spec.module.get_submodule(n).weight.shape) for n in names}
+    return {f"{n}.weight": shape for n, shape in shapes.items() if quantizable(shape)}
 
 
 @dataclass(frozen=True)
@@ -227,31 +289,40 @@ def lora_shape(spec: ModelSpec) -> LoRAShape:
     """The shape of ``spec`` (its module already adapted) from the base's: counts measured."""
     module, base = spec.module, spec.shape
     blocks = module.get_submodule(spec.blocks_path)
-    total = sum(p.numel() for p in module.parameters())
-    in_blocks = sum(p.numel() for p in blocks.parameters())
-    largest = max(sum(p.numel() for p in b.parameters()) for b in blocks)
+    total = weight_count(module)
+    in_blocks = weight_count(blocks)
+    largest = max(weight_count(b) for b in blocks)
     counts = ParamCounts(total, base.embedding_params, largest, total - in_blocks)
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(ModelShape)}
     return LoRAShape(**{**fields, "measured": counts}, frozen_flops_params=base.flops_params)
 
 
-def apply_lora(spec: ModelSpec, lora: LoRAConfig, lean: bool = True) -> ModelSpec:
+def apply_lora(
+    spec: ModelSpec, lora: LoRAConfig, lean: bool = True, init_seed: int = 0
+) -> ModelSpec:
     """The LoRA form of ``spec`` for ``model.lora`` (``rank`` 0: ``spec`` itself); ``lean``:
-    ``model.lean_ops``."""
+    ``model.lean_ops``; ``init_seed``: ``model.init_seed`` (a QLoRA base quantises the weights
+    a random-init run starts from)."""
     if lora.rank == 0:
         return spec
     names = select_targets(spec.module, lora.targets)
-    inject(spec.module, names, lora.rank, lora.alpha, lora.dropout, lean)
-    fingerprint = {
-        **spec.fingerprint,
-        "lora": {"rank": lora.rank, "alpha": float(lora.alpha), "modules": names},
-    }
+    quantized = _nf4_layers(spec, names, lora)
+    nf4 = frozenset(n.removesuffix(".weight") for n in quantized)
+    weights = (
+        _weights_quantized(spec, quantized, init_seed)
+        if quantized
+        else _weights_with_adapters(spec.weights)
+    )
+    inject(spec.module, names, lora.rank, lora.alpha, lora.dropout, lean, nf4)
+    described: dict[str, Any] = {"rank": lora.rank, "alpha": float(lora.alpha), "modules": names}
+    if lora.quantize != "none":
+        described |= {"quantize": lora.quantize, "quantized": sorted(nf4)}
     out = replace(
         spec,
         init_param_=_init_with_adapters(spec.init_param_),
-        weights=_weights_with_adapters(spec.weights),
-        construct=_construct_with_adapters(spec.construct, names, lora, lean),
-        fingerprint=fingerprint,
+        weights=weights,
+        construct=_construct_with_adapters(spec.construct, names, lora, lean, nf4),
+        fingerprint={**spec.fingerprint, "lora": described},
     )
     return replace(out, shape=lora_shape(out))
 

@@ -23,6 +23,7 @@ from torch import nn
 from zerofit.backends.base import DTYPE
 from zerofit.distributed.fp8 import all_gathers_float8, float8_linears, output_layers, recipe_of
 from zerofit.models.llama import strip_wrapper_names
+from zerofit.models.nf4 import NF4Weight, piece_of
 
 NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 CONFIG_KEY = {
@@ -74,11 +75,24 @@ def optimizer_state_dtype(optimizer: torch.optim.Optimizer) -> torch.dtype | Non
 
 
 def stored_dtypes(model: nn.Module) -> tuple[torch.dtype | None, torch.dtype | None]:
-    """The dtype the module stores its trainable and its frozen parameters in (None: there are
-    none). With LoRA the trainable ones are the adapters, the frozen one the base."""
+    """The dtype the module stores its trainable and its frozen floating-point parameters in
+    (None: there are none). With LoRA the trainable ones are the adapters, the frozen one the
+    base (a QLoRA base's 4-bit layers apart: ``quantized_layers``)."""
     trained = next((p.dtype for p in model.parameters() if p.requires_grad), None)
-    frozen = next((p.dtype for p in model.parameters() if not p.requires_grad), None)
+    frozen = next(
+        (
+            p.dtype
+            for n, p in model.named_parameters()
+            if not p.requires_grad and piece_of(strip_wrapper_names(n)) is None
+        ),
+        None,
+    )
     return trained, frozen
+
+
+def quantized_layers(model: nn.Module) -> int:
+    """How many linear layers hold their frozen weight in NF4 (QLoRA)."""
+    return sum(isinstance(m, NF4Weight) for m in model.modules())
 
 
 def _pattern(name: str) -> str:
@@ -137,6 +151,8 @@ def report(backend: Any, compute: torch.dtype | None) -> dict[str, Any]:
     if frozen is not None:
         found |= {"adapter_weights": adapters, "frozen_weights": frozen}
     effective = {k: dtype_name(v) if v is not None else "unknown" for k, v in found.items()}
+    if quantized_layers(backend.model):
+        effective["frozen_linears"] = f"nf4 ({quantized_layers(backend.model)} layers)"
     warnings = []
     for key, value in found.items():
         if key not in CONFIG_KEY:

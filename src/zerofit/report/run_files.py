@@ -50,7 +50,8 @@ def write_precision_report(
         print(
             f"precision ({rep['backend']}): compute {eff['compute']}, master weights {eff['master_weights']}, "
             f"optimizer states {eff['optimizer_states']}, gradient reduction {eff['gradient_reduction']}"
-            + (f", frozen base {eff['frozen_weights']}" if "frozen_weights" in eff else ""),
+            + (f", frozen base {eff['frozen_weights']}" if "frozen_weights" in eff else "")
+            + (f", frozen linears {eff['frozen_linears']}" if "frozen_linears" in eff else ""),
             flush=True,
         )
         for line in rep["warnings"]:

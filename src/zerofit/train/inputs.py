@@ -40,7 +40,9 @@ def build_inputs(cfg: Config, dp_size: int | None = None) -> RunInputs:
     )
     if cfg.model.lean_ops:  # before LoRA: the probes see the plain layers
         spec = with_lean_ops(spec)
-    spec = apply_lora(spec, cfg.model.lora, cfg.model.lean_ops)  # rank 0: unchanged
+    spec = apply_lora(
+        spec, cfg.model.lora, cfg.model.lean_ops, cfg.model.init_seed
+    )  # rank 0: as is
     spec = replace(spec, trainable_params=param_counts(spec.module)[1])  # before any sharding
     if cfg.model.seq_len > spec.max_seq_len:
         raise UserError(

@@ -117,6 +117,13 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
                 f"precision.fp8={cfg.precision.fp8}: DeepSpeed has no float8 path in zerofit; use "
                 "parallel.backend=fsdp (or precision.fp8: none)"
             )
+        if cfg.model.lora.quantize != "none":
+            raise UserError(
+                f"model.lora.quantize={cfg.model.lora.quantize}: DeepSpeed cannot hold a 4-bit "
+                "base (ZeRO flattens parameters into floating-point buffers, and ZeRO-3 would "
+                "all-gather the base unquantised); use parallel.backend=fsdp, which shards and "
+                "all-gathers the 4-bit base as it is, or ddp"
+            )
 
     def prepare(self, cfg: Config, world_size: int, device_type: str) -> Config:
         cfg = merge_user_json(cfg, world_size)

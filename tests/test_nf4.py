@@ -1,0 +1,171 @@
+"""QLoRA's NF4 base (``zerofit.models.nf4``, ``model.lora.quantize: nf4``): the pieces rebuild
+torchao's weight bit for bit and within NF4's error bound; the 4-bit linear's forward and
+backward are the dequantised weight's; a QLoRA model trains its adapters and leaves the 4-bit base
+bitwise unchanged; the base quantises the LoRA run's weights; DeepSpeed and a QLoRA without
+adapters are refused in one line. Training under FSDP2 and DDP on 2 processes:
+tests/test_qlora_dist.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import write_config
+
+from zerofit.config.schema import LoRAConfig
+from zerofit.distributed.parallelize import materialize_
+from zerofit.errors import UserError
+from zerofit.launch.run_config import load_config
+from zerofit.models import ModelSpec, build_model
+from zerofit.models.lora import LoRALinear, apply_lora
+from zerofit.models.nf4 import (
+    BLOCK,
+    LEVELS,
+    NF4Weight,
+    dequantize,
+    nf4_linear,
+    piece_of,
+    quantizable,
+    quantize,
+)
+
+torchao = pytest.importorskip("torchao.quantization")
+
+SHAPES = [(128, 128), (256, 512), (96, 1024)]
+
+
+def gaussian(shape: tuple[int, int], seed: int = 0, std: float = 0.02) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=gen) * std).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_pieces_rebuild_torchaos_weight_bit_for_bit(shape: tuple[int, int]) -> None:
+    w = gaussian(shape)
+    want = torchao.to_nf4(w, 64, 256).get_original_weight()
+    got = dequantize(quantize(w), shape, torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and got.shape == shape
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_error_stays_within_nf4s_bound(shape: tuple[int, int]) -> None:
+    """Each weight lands on the nearest of 16 levels times its block's scale: off by at most half
+    the widest gap between levels times the scale, plus what the int8 scale itself lost."""
+    w = gaussian(shape, seed=1).float()
+    got = dequantize(quantize(w), shape, torch.float32)
+    blocks, approx = w.reshape(-1, BLOCK), got.reshape(-1, BLOCK)
+    scale = blocks.abs().amax(dim=1, keepdim=True)
+    levels = torch.tensor(LEVELS)
+    half_gap = float((levels[1:] - levels[:-1]).max()) / 2
+    scale_err = (approx.abs().amax(dim=1, keepdim=True) - scale).abs()
+    bound = half_gap * scale + scale_err + 2**-8 * scale  # + bf16's rounding (seen: 0.0024 s)
+    assert ((blocks - approx).abs() <= bound).all()
+    rel = float((got - w).norm() / w.norm())
+    assert 0.05 < rel < 0.12, rel  # NF4 on Gaussian weights: ~9% (it does quantise)
+
+
+def test_only_2d_weights_of_a_multiple_of_16384_elements_are_quantizable() -> None:
+    assert quantizable((128, 128)) and quantizable((64, 256)) and quantizable((4096, 14336))
+    assert not quantizable((64, 64)) and not quantizable((16384,)) and not quantizable((3, 8, 1024))
+
+
+def test_piece_names() -> None:
+    assert piece_of("layers.0.attention.wq.nf4.codes") == ("layers.0.attention.wq.weight", "codes")
+    assert piece_of("a.nf4.mean") == ("a.weight", "mean")
+    assert piece_of("a.nf4.other") is None and piece_of("a.weight") is None
+    assert piece_of("nf4.codes") is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_4bit_linear_is_the_dequantised_weights(dtype: torch.dtype) -> None:
+    store = NF4Weight((128, 256))
+    for name, value in quantize(gaussian((128, 256), seed=2)).items():
+        getattr(store, name).data.copy_(value)
+    w = store.weight(dtype)
+    x = torch.randn(3, 5, 256, dtype=dtype, requires_grad=True)
+    bias = torch.randn(128, dtype=dtype, requires_grad=True)
+    out = nf4_linear(x, store, bias)
+    torch.testing.assert_close(out, F.linear(x, w) + bias, rtol=0, atol=0)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    torch.testing.assert_close(x.grad, grad @ w, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(bias.grad, grad.sum((0, 1)))
+    assert all(p.grad is None and not p.requires_grad for p in store.parameters())
+
+
+def _materialized(spec: ModelSpec) -> torch.nn.Module:
+    materialize_(
+        spec.module, torch.device("cpu"), init_seed=0, init_param_=spec.init_param_,
+        weights=spec.weights,
+    )  # fmt: skip
+    return spec.module
+
+
+def _qlora(quantize: str = "nf4") -> ModelSpec:
+    spec = build_model("tiny", overrides={"n_layers": 2})
+    return apply_lora(spec, LoRAConfig(rank=4, alpha=8.0, quantize=quantize))
+
+
+def test_the_base_quantises_the_weights_the_lora_run_starts_from() -> None:
+    qlora, lora = _materialized(_qlora()), _materialized(_qlora("none"))
+    layers = [n for n, m in qlora.named_modules() if isinstance(m, LoRALinear)]
+    assert len(layers) == 14  # 7 linears a block: all NF4
+    for name in layers:
+        q, plain = qlora.get_submodule(name), lora.get_submodule(name)
+        assert not hasattr(q, "weight") and q.nf4.codes.dtype == torch.uint8
+        want = dequantize(quantize(plain.weight), plain.weight.shape, torch.float32)
+        assert torch.equal(q.nf4.weight(torch.float32), want), name
+        for factor in ("lora_A", "lora_B"):  # the same adapters' init
+            assert torch.equal(getattr(q, factor).weight, getattr(plain, factor).weight)
+
+
+def test_qlora_trains_the_adapters_and_leaves_the_4bit_base_bitwise() -> None:
+    model = _materialized(_qlora()).train()
+    frozen = {n: p.clone() for n, p in model.named_parameters() if ".nf4." in n}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert frozen and all(".lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    opt = torch.optim.AdamW(trainable, lr=1e-2)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 512, (4, 33), generator=gen)
+    seen = []
+    for _ in range(8):
+        loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        seen.append(loss.item())
+    assert seen[-1] < seen[0] - 0.5, seen
+    for name, p in model.named_parameters():
+        if name in frozen:
+            assert torch.equal(p, frozen[name]) and p.grad is None, name
+
+
+def test_quantize_needs_adapters_and_an_engine_that_holds_4_bits(tmp_path) -> None:  # noqa: ANN001
+    cfg = write_config(tmp_path / "c.yaml", {"model": {"lora": {"quantize": "nf4"}}})
+    with pytest.raises(UserError, match=r"model.lora.quantize=nf4 .*model.lora.rank > 0"):
+        load_config(cfg)
+    qlora = {"model": {"lora": {"rank": 4, "quantize": "nf4"}}}
+    for backend in ("fsdp", "ddp"):
+        load_config(write_config(tmp_path / "ok.yaml", qlora), [f"parallel.backend={backend}"])
+    cfg = write_config(tmp_path / "ds.yaml", qlora)
+    with pytest.raises(UserError, match=r"DeepSpeed cannot hold a 4-bit base.*backend=fsdp"):
+        load_config(cfg, ["parallel.backend=deepspeed"])
+    with pytest.raises(UserError, match="nf4"):
+        load_config(cfg, ["model.lora.quantize=nf5"])
+
+
+def test_a_qlora_model_counts_its_parameters_as_the_lora_model_does() -> None:
+    from zerofit.models.build import param_counts
+
+    qlora, lora = _qlora(), _qlora("none")
+    assert param_counts(qlora.module) == param_counts(lora.module)
+    assert qlora.shape.measured == lora.shape.measured
+
+
+def test_without_torchao_quantising_is_one_clear_line(monkeypatch) -> None:  # noqa: ANN001
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torchao.quantization", None)  # import fails
+    with pytest.raises(UserError, match=r"torchao, which is not installed.*zerofit\[qlora\]"):
+        quantize(gaussian((128, 128)))
