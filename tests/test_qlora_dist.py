@@ -78,3 +78,63 @@ def test_the_checkpointed_base_is_the_quantised_init_bitwise(runs, engine: str) 
 
 def test_qlora_resumes_exactly_under_fsdp(runs, tmp_path: Path) -> None:  # noqa: ANN001
     assert_resume_exact(tmp_path, runs["fsdp"].result(), _extra("fsdp"))
+
+
+@torch.no_grad()
+def _trained_loss(ckpt: Path, batches: list) -> float:
+    """The QLoRA model, built as the run built it, with the checkpoint's pieces and adapters."""
+    spec = apply_lora(
+        build_model("tiny", overrides={"n_layers": 2}), LoRAConfig(**QLORA["model"]["lora"])
+    )
+    model = spec.module
+    materialize_(
+        model, torch.device("cpu"), init_seed=0, init_param_=spec.init_param_, weights=spec.weights
+    )
+    view = NeutralView(
+        open_reader(ckpt / "model", read_meta(ckpt)["format"], checkpoint_readers()), ckpt
+    )
+    for name, p in model.named_parameters():
+        p.copy_(view.read(MODEL + name, p.dtype))
+    return sum(model(x, y).item() for x, y in batches) / len(batches)
+
+
+def test_export_merged_and_as_a_peft_adapter(runs, tmp_path: Path) -> None:  # noqa: ANN001
+    """Merged: each 4-bit layer's bf16 weight plus (alpha / r) B A; adapter: the 4-bit base read
+    back in bf16 as ``base/`` plus PEFT's adapter. Both give the trained model's loss; the merged
+    weights sit NF4's ~9% (relative) from the weights the base was quantised from."""
+    from test_lora import _close, _peft_loss, fixed_batches, hf_loss
+
+    from zerofit.export.run import export_checkpoint
+
+    transformers = pytest.importorskip("transformers")
+    run = runs["fsdp"].result()
+    batches, ckpt = fixed_batches(), find_checkpoint(run, None)
+    want = _trained_loss(ckpt, batches)
+    merged = tmp_path / "merged"
+    summary = export_checkpoint(ckpt, run, merged, "fp32")
+    assert summary["lora"] == {"rank": 4, "alpha": 8.0, "layers": 14, "adapter": False}
+    model = transformers.AutoModelForCausalLM.from_pretrained(merged, local_files_only=True)
+    _close(hf_loss(model.eval(), batches), want, "qlora merged")
+
+    plain = apply_lora(
+        build_model("tiny", overrides={"n_layers": 2}), LoRAConfig(rank=4, alpha=8.0)
+    )
+    materialize_(
+        plain.module, torch.device("cpu"), init_seed=0, init_param_=plain.init_param_,
+        weights=plain.weights,
+    )  # fmt: skip
+    view = NeutralView(
+        open_reader(ckpt / "model", read_meta(ckpt)["format"], checkpoint_readers()), ckpt
+    )
+    layer = plain.module.layers[1].feed_forward.w2
+    a = view.read(MODEL + "layers.1.feed_forward.w2.lora_A.weight")
+    b = view.read(MODEL + "layers.1.feed_forward.w2.lora_B.weight")
+    exact = layer.weight.detach() + 2.0 * b @ a  # the bf16-free base plus the adapters
+    got = model.model.layers[1].mlp.down_proj.weight.detach()
+    rel = float((got - exact).norm() / exact.norm())
+    print(f"merged 4-bit layer vs its original weight plus adapters: {rel:.3f} relative")
+    assert 0.03 < rel < 0.12, rel
+
+    adapter = tmp_path / "adapter"
+    export_checkpoint(ckpt, run, adapter, "fp32", adapter=True)
+    _close(_peft_loss(adapter, adapter / "base", batches), want, "qlora base + PEFT adapter")

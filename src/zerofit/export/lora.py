@@ -7,6 +7,8 @@ which layers, the rank and alpha (``model.lora`` of the fingerprint).
 
 - Merged (the default): each adapted weight is written as ``W + (alpha / r) * B @ A``, computed
   in fp32 and then cast to the export dtype; the adapter tensors are not written.
+- QLoRA (``model.lora.quantize: nf4``): the 4-bit base is read back as the bf16 weights it holds
+  (``DequantizedView``), then merged or written as above.
 - Adapter (``--adapter``): ``adapter_config.json`` and ``adapter_model.safetensors`` with PEFT's
   names (``base_model.model.<module>.lora_A.weight``), which ``peft.PeftModel.from_pretrained(base,
   folder)`` loads onto the base model.
@@ -26,6 +28,7 @@ import torch
 from zerofit.checkpoint.neutral import MODEL, NeutralView
 from zerofit.errors import UserError
 from zerofit.models.lora import FACTORS, is_adapter
+from zerofit.models.nf4 import PIECES, dequantize, piece_of
 
 PEFT_PREFIX = "base_model.model."
 Reader = Callable[[str, torch.dtype], torch.Tensor]
@@ -137,3 +140,38 @@ def write_adapter(
     )
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return sum(t.numel() * t.element_size() for t in batch.values())
+
+
+class DequantizedView(NeutralView):
+    """A QLoRA checkpoint seen as its LoRA twin: each layer's NF4 pieces (``<layer>.nf4.*``)
+    read as one ``<layer>.weight`` of its shape, the bf16 weight they hold (cast on read)."""
+
+    def __init__(self, view: NeutralView, shapes: dict[str, list[int]]) -> None:
+        self.view, self.where, self.shapes = view, view.where, shapes
+        self.entries = {}
+        for key, entry in view.entries.items():
+            found = piece_of(key.removeprefix(MODEL)) if key.startswith(MODEL) else None
+            if found is None:
+                self.entries[key] = entry
+            elif found[1] == "codes":  # the weight takes its pieces' place in the order
+                layer = found[0].removesuffix(".weight")
+                if layer not in shapes:
+                    raise UserError(
+                        f"checkpoint {view.where}: {layer} is 4-bit, meta.json says not"
+                    )
+                self.entries[MODEL + found[0]] = (tuple(shapes[layer]), torch.bfloat16)
+
+    def read(self, key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        layer = key.removeprefix(MODEL).removesuffix(".weight")
+        if key in self.view.entries or layer not in self.shapes:
+            return self.view.read(key, dtype)
+        pieces = {p: self.view.read(f"{MODEL}{layer}.nf4.{p}") for p in PIECES}
+        return dequantize(pieces, tuple(self.shapes[layer]), torch.bfloat16).to(
+            dtype or torch.bfloat16
+        )
+
+
+def dequantized(meta: dict[str, Any], view: NeutralView) -> NeutralView:
+    """`view`, with a QLoRA run's 4-bit base read as bf16 weights (else `view` itself)."""
+    shapes = ((meta.get("model") or {}).get("lora") or {}).get("quantized")
+    return DequantizedView(view, shapes) if shapes else view

@@ -47,6 +47,7 @@ from zerofit.export.lora import (
     adapter_config,
     adapter_tensors,
     base_names,
+    dequantized,
     lora_info,
     merged_reader,
     write_adapter,
@@ -221,6 +222,7 @@ def plan_export(ckpt_dir: Path, run_dir: Path, dtype: str) -> ExportPlan:
     view = NeutralView(
         open_reader(ckpt_dir / "model", meta["format"], checkpoint_readers()), ckpt_dir
     )
+    view = dequantized(meta, view)  # a QLoRA base: its bf16 weights
     model_meta = meta.get("model") or {}
     builtin = model_meta.get("source", "hf" if cfg.model.hf else "zerofit-llama") != "hf"
     files, note = tokenizer_files(cfg)

@@ -315,8 +315,9 @@ def apply_lora(
     )
     inject(spec.module, names, lora.rank, lora.alpha, lora.dropout, lean, nf4)
     described: dict[str, Any] = {"rank": lora.rank, "alpha": float(lora.alpha), "modules": names}
-    if lora.quantize != "none":
-        described |= {"quantize": lora.quantize, "quantized": sorted(nf4)}
+    if lora.quantize != "none":  # the 4-bit layers and their weights' shapes, for export
+        shapes = {n.removesuffix(".weight"): list(s) for n, s in sorted(quantized.items())}
+        described |= {"quantize": lora.quantize, "quantized": shapes}
     out = replace(
         spec,
         init_param_=_init_with_adapters(spec.init_param_),
