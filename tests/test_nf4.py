@@ -169,3 +169,98 @@ def test_without_torchao_quantising_is_one_clear_line(monkeypatch) -> None:  # n
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)  # import fails
     with pytest.raises(UserError, match=r"torchao, which is not installed.*zerofit\[qlora\]"):
         quantize(gaussian((128, 128)))
+
+
+def test_the_planner_counts_nf4_bytes_by_hand(tmp_path) -> None:  # noqa: ANN001
+    """Llama-3-8B, QLoRA r=16 on every linear of the blocks, DDP on one GPU in bf16: the base's
+    224 block linears take 0.5 + 1/64 + 2/16384 bytes a weight, the rest (embedding, head,
+    norms) 2; a 4-bit layer is rebuilt in bf16 while it runs (the widest: 14336 x 4096)."""
+    from zerofit.backends.terms import NF4_BYTES
+    from zerofit.models.shape import shape_from_config
+    from zerofit.planner.memory import estimate, strategy_for, workload_for
+    from zerofit.planner.speed import dequant_seconds
+
+    extra = {
+        "model": {
+            "preset": "llama3-8b",
+            "seq_len": 2048,
+            "overrides": {},
+            "lora": {"rank": 16, "quantize": "nf4"},
+        }
+    }
+    cfg = load_config(
+        write_config(tmp_path / "c.yaml", extra), ["parallel.backend=ddp", "precision.mode=bf16"]
+    )
+    m, w = shape_from_config(cfg), workload_for(cfg, 1)
+    d, f, kv = 4096, 14336, 1024
+    per_block = 2 * d * d + 2 * kv * d + 3 * f * d
+    assert w.lora.quantized == 32 * per_block == 6_979_321_856
+    assert w.lora.block_quantized == per_block and w.lora.largest_quantized == f * d
+    assert NF4_BYTES == 0.5 + 1 / 64 + 2 / 16384
+    P, A = m.num_params, w.lora.params
+    assert 32 * 16 * (2 * (d + d) + 2 * (d + kv) + 3 * (d + f)) == A  # r x (in + out) per layer
+    mem = estimate(m, w, strategy_for(cfg))
+    assert mem.parameters == pytest.approx(
+        A * 4 + (P - w.lora.quantized) * 2 + w.lora.quantized * NF4_BYTES
+    )
+    assert mem.parameters / 2**30 == pytest.approx(5.5, abs=0.2)  # against ~15 GiB in bf16
+    assert mem.buffers == pytest.approx(A * 2 + f * d * 2)  # autocast's adapter copies + 1 rebuilt
+
+    from dataclasses import replace
+
+    from zerofit.planner.shape import Hardware
+
+    hw = Hardware(1, 24 * 2**30, peak_flops=165e12, mem_bw=1.008e12)
+    s = strategy_for(cfg)
+    moved = w.lora.quantized * (NF4_BYTES + 2) * 2  # read the pieces, write bf16; fwd + bwd
+    assert s.compile  # the planner plans a compiled run: one fused kernel, 60% of the bandwidth
+    assert dequant_seconds(m, w, s, hw) == pytest.approx(moved / (1.008e12 * 0.6))
+    eager = replace(s, compile=False)
+    assert dequant_seconds(m, w, eager, hw) == pytest.approx(moved / (1.008e12 * 0.1))
+
+
+def test_plan_proposes_lora_and_qlora_when_full_fine_tuning_fits_nowhere(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:  # noqa: ANN001
+    """Llama-3-8B on one 24 GB card: no full fine-tune fits; QLoRA does, with less memory than
+    LoRA needs. Where the full fine-tune fits, nothing more is said."""
+    import json
+
+    from zerofit.cli import main
+
+    full = {
+        "model": {"preset": "llama3-8b", "seq_len": 2048, "overrides": {}},
+        "train": {"micro_batch_size": 1},
+        "precision": {"mode": "bf16"},
+    }
+    cfg = write_config(tmp_path / "full.yaml", full)
+    assert main(["plan", "-c", str(cfg), "--gpu", "rtx-4090", "--gpus", "1", "--json"]) == 0
+    out = capsys.readouterr().out
+    ways = {x["way"]: x for x in json.loads(out[: out.rindex("}") + 1])["with_adapters"]}
+    assert ways["QLoRA"]["fits"] and ways["QLoRA"]["overrides"] == {
+        "model.lora.rank": 16,
+        "model.lora.quantize": "nf4",
+    }
+    assert ways["LoRA"]["overrides"] == {"model.lora.rank": 16}
+    assert 5.0 < ways["QLoRA"]["gpu_gib"]["parameters"] < 6.0  # 4-bit base: ~5.5 GiB, not ~15
+    assert main(["plan", "-c", str(cfg), "--gpu", "rtx-4090", "--gpus", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "full fine-tuning fits nowhere here" in text and "--model.lora.quantize nf4" in text
+    assert main(["plan", "-c", str(cfg), "--gpu", "h200", "--gpus", "8"]) == 0
+    assert "with adapters" not in capsys.readouterr().out
+
+
+def test_the_planners_estimate_of_adapters_is_what_the_built_model_counts(tmp_path) -> None:  # noqa: ANN001
+    """`zerofit plan` proposes LoRA/QLoRA without building the model (torch-free): its counts
+    are those of the model built with ``model.lora`` set."""
+    from zerofit.models.shape import shape_from_config
+    from zerofit.planner.adapters import estimated_adapters
+    from zerofit.planner.memory import workload_for
+
+    for preset in ("llama3-8b", "13b", "tiny"):
+        extra = {
+            "model": {"preset": preset, "overrides": {}, "lora": {"rank": 16, "quantize": "nf4"}}
+        }
+        cfg = load_config(write_config(tmp_path / "c.yaml", extra))
+        built = workload_for(cfg, 1).lora
+        assert estimated_adapters(shape_from_config(cfg), 16, True) == built, preset

@@ -11,18 +11,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+# NF4 (QLoRA) per weight: two 4-bit codes a byte, an int8 scale per 64, a bf16 factor per 16384
+NF4_BYTES = 0.5 + 1 / 64 + 2 / 16384
 GIB = 2**30
 
 
 @dataclass(frozen=True)
 class Adapters:
     """LoRA (``model.lora``): only the adapters train; the base is frozen, stored in the compute
-    dtype, with no gradients, no optimizer states and no master copy."""
+    dtype, with no gradients, no optimizer states and no master copy. QLoRA
+    (``model.lora.quantize: nf4``): the adapted layers' weights are stored in NF4 instead
+    (NF4_BYTES a weight), each rebuilt in the compute dtype while its layer runs."""
 
     params: int  # adapter parameters in all
     rank: int
     per_block: int  # adapted linear layers in the largest decoder block
     block_inputs: int = 0  # with dropout: input features of those layers (each input copied)
+    quantized: int = 0  # QLoRA: base weights stored in NF4, in all
+    block_quantized: int = 0  # of which in the largest decoder block
+    largest_quantized: int = 0  # elements of the largest NF4 weight (rebuilt while it runs)
 
     def activation_bytes(self, tokens: int, e_c: int) -> float:
         """What the adapters add to one block's saved activations: A's output (B's input) per
@@ -51,8 +58,24 @@ class Workload:
         return self.lora.params if self.lora else params
 
     def frozen(self, params: int) -> int:
-        """Parameters kept frozen in the compute dtype: with LoRA the whole base, else none."""
+        """Parameters kept frozen: with LoRA the whole base, else none."""
         return params if self.lora else 0
+
+    def frozen_bytes(self, params: int) -> float:
+        """Bytes of the frozen base: in the compute dtype, but QLoRA's NF4 weights."""
+        q = self.lora.quantized if self.lora else 0
+        return self.frozen(params) * self.e_c - q * (self.e_c - NF4_BYTES)
+
+    def gathered_block_bytes(self, block_params: int) -> float:
+        """Bytes of one decoder block as FSDP all-gathers it: e_g a weight (the compute dtype,
+        or float8), but QLoRA's NF4 weights as they are stored."""
+        q = self.lora.block_quantized if self.lora else 0
+        return block_params * self.e_g - q * (self.e_g - NF4_BYTES)
+
+    @property
+    def dequantized_bytes(self) -> float:
+        """QLoRA: the largest NF4 weight rebuilt in the compute dtype while its layer runs."""
+        return self.lora.largest_quantized * self.e_c if self.lora else 0.0
 
     @property
     def tokens(self) -> int:

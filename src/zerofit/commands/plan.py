@@ -19,6 +19,7 @@ from zerofit.config.sizes import gib, memory_fraction
 from zerofit.errors import UserError
 from zerofit.launch.run_config import default_config, load_config
 from zerofit.models.shape import ModelShape, shape_from_config, shape_from_hf_config
+from zerofit.planner.adapters import lighter_lines, lighter_ways
 from zerofit.planner.gpus import GPUS, find_gpu
 from zerofit.planner.memory import workload_for
 from zerofit.planner.plan import (
@@ -26,6 +27,7 @@ from zerofit.planner.plan import (
     batch_splits,
     left_out,
     option_fields,
+    option_json,
     plan,
     recommend,
     to_json,
@@ -336,11 +338,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
         splits = batch_splits(fixed, hw.world_size, args.micro_batch, args.grad_accum)
     options = plan(shape, w, hw, base, splits)
     refused = left_out(base)
+    best = recommend(options)
+    ways = lighter_ways(shape, w, hw, base) if best is None else []
     if args.json:
-        print(json.dumps(to_json(shape, w, hw, options, fixed, refused), indent=1))
+        data = to_json(shape, w, hw, options, fixed, refused)
+        data["with_adapters"] = [{"way": x.name, "overrides": x.overrides, "fits": x.fits,
+                                  **option_json(x.best, w)} for x in ways]  # fmt: skip
+        print(json.dumps(data, indent=1))
     else:
         print_tables(shape, w, hw, options, args.all, fixed, refused)
-    best = recommend(options)
+        if ways:
+            print("full fine-tuning fits nowhere here; the same run with adapters:")
+            for line in lighter_lines(ways):
+                print(f"  {line}")
     if args.write:
         _write(args, base, w, best, found, fixed)
     if measuring:

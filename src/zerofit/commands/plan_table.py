@@ -84,7 +84,13 @@ def title(m: ModelShape, w: Workload, hw: Hardware, global_batch: int | None) ->
     )
     if w.fp8 != "none":
         text += f", fp8 {w.fp8} (block Linear layers; output layer {w.compute_dtype})"
-    if w.lora:
+    if w.lora and w.lora.quantized:
+        text += (
+            f"; QLoRA r={w.lora.rank}: {w.lora.params / 1e6:.3g}M adapter params train, the base "
+            f"is frozen, {w.lora.quantized / 1e9:.3g}B of its weights in NF4 (4-bit), the rest in "
+            f"{w.compute_dtype}"
+        )
+    elif w.lora:
         text += (
             f"; LoRA r={w.lora.rank}: {w.lora.params / 1e6:.3g}M adapter params train, the base is "
             f"frozen in {w.compute_dtype}"

@@ -337,3 +337,16 @@ def block_adapters(spec: ModelSpec) -> list[LoRALinear]:
     """The adapted layers of the decoder block that has the most."""
     blocks = spec.module.get_submodule(spec.blocks_path)
     return max(([m for m in b.modules() if isinstance(m, LoRALinear)] for b in blocks), key=len)
+
+
+def quantized_counts(spec: ModelSpec) -> tuple[int, int, int]:
+    """QLoRA's NF4 weights (elements): in all, in the decoder block with the most, and the
+    largest one; zeros without."""
+    sizes = [math.prod(m.shape) for m in spec.module.modules() if isinstance(m, NF4Weight)]
+    if not sizes:
+        return 0, 0, 0
+    blocks = spec.module.get_submodule(spec.blocks_path)
+    per_block = [
+        sum(math.prod(m.shape) for m in b.modules() if isinstance(m, NF4Weight)) for b in blocks
+    ]
+    return sum(sizes), max(per_block), max(sizes)

@@ -153,7 +153,12 @@ def adapters_for(cfg: Config) -> Adapters | None:
         return None
     # torch-free path: `zerofit plan` imports this module; LoRA is counted on a meta-device model
     from zerofit.models import build_model
-    from zerofit.models.lora import adapter_count, apply_lora, block_adapters  # torch-free path
+    from zerofit.models.lora import (  # torch-free path
+        adapter_count,
+        apply_lora,
+        block_adapters,
+        quantized_counts,
+    )
 
     m = cfg.model
     base = build_model(  # shapes only: the weights are not read
@@ -167,7 +172,8 @@ def adapters_for(cfg: Config) -> Adapters | None:
     spec = apply_lora(base, lora)
     layers = block_adapters(spec)
     inputs = sum(layer.in_features for layer in layers) if lora.dropout > 0 else 0
-    return Adapters(adapter_count(spec.module), lora.rank, len(layers), inputs)
+    q = quantized_counts(spec)
+    return Adapters(adapter_count(spec.module), lora.rank, len(layers), inputs, *q)
 
 
 @dataclass

@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from zerofit.backends.terms import Workload
+from zerofit.backends.terms import NF4_BYTES, Workload
 from zerofit.models.shape import ModelShape
 from zerofit.planner.memory import Strategy
 from zerofit.planner.shape import Hardware
@@ -62,6 +62,11 @@ REFERENCE_FLOPS_PER_BYTE = 989.4e12 / 4.8e12  # the H200: dense bf16 peak / memo
 FP8_PEAK = 2.0  # dense float8 / dense bf16 peak, Hopper and Ada (the ceiling of any fp8 gain)
 FP8_GAIN = 1.4  # float8 Linear time / bf16 Linear time, compiled: a lead, unmeasured by zerofit
 FP8_EAGER_GAIN = 1.1  # the same eager (unfused casts): a lead, unmeasured by zerofit
+# QLoRA: share of the memory bandwidth rebuilding an NF4 weight reaches (it reads NF4_BYTES and
+# writes e_c a weight): compiled, one fused kernel; eager, about six elementwise passes. Leads,
+# unmeasured by zerofit until its H200 benchmark.
+DEQUANT_EFFICIENCY = 0.6
+DEQUANT_EAGER_EFFICIENCY = 0.1
 
 
 @dataclass
@@ -114,6 +119,16 @@ def fp8_time_factor(m: ModelShape, w: Workload, compiled: bool) -> float:
     return 1.0 - share + share / gain
 
 
+def dequant_seconds(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> float:
+    """QLoRA: a rank's time rebuilding its NF4 weights in one step: each forward and backward
+    (and each recomputed forward) rebuilds every one, for each micro-batch."""
+    if w.lora is None or not w.lora.quantized:
+        return 0.0
+    passes = 2.0 + len(s.recomputed(m.n_layers)) / max(1, m.n_layers)
+    moved = w.lora.quantized * (NF4_BYTES + w.e_c) * passes * w.grad_accum_steps
+    return moved / (hw.mem_bw * (DEQUANT_EFFICIENCY if s.compile else DEQUANT_EAGER_EFFICIENCY))
+
+
 def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
     W = w.world_size
     tokens_step = w.tokens * w.grad_accum_steps * W
@@ -124,6 +139,7 @@ def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
     recompute += len(s.recomputed(m.n_layers)) / max(1, m.n_layers) / 3
     compute = flops * recompute * bandwidth_factor(hw) / (W * hw.peak_flops * efficiency(s, m.dim))
     compute *= fp8_time_factor(m, w, s.compile)
+    compute += dequant_seconds(m, w, s, hw)
     bw = hw.inter_bw if hw.nodes > 1 else hw.intra_bw
     comm = s.engine.traffic(m, w, s.options).per_rank / bw
     exposed = max(0.0, comm - OVERLAP * compute)

@@ -25,17 +25,17 @@ class DDP(Engine[DDPOptions]):
 
     def memory(self, m: ModelShape, w: Workload, opts: DDPOptions) -> EngineMemory:
         P = m.num_params
-        T, F = w.trained(P), w.frozen(P)  # LoRA: adapters train, the base is frozen in e_c
+        T = w.trained(P)  # LoRA: adapters train, the base is frozen (w.frozen_bytes)
         mixed = w.e_c != w.e_m
         cached = T if w.lora else P - m.embedding_params
         if w.fp8 != "none":  # float8 Linear layers cast their own weights, outside autocast's cache
             cached -= m.n_layers * max(0, m.block_params - 2 * m.dim)
         mem = EngineMemory(
-            parameters=T * w.e_m + F * w.e_c,
+            parameters=T * w.e_m + w.frozen_bytes(P),
             optimizer_states=2 * T * w.e_m,
             gradients=T * w.e_m,
             # autocast's cached low-precision copies of the master-dtype weights
-            buffers=cached * w.e_c if mixed else 0.0,
+            buffers=(cached * w.e_c if mixed else 0.0) + w.dequantized_bytes,
             persistent_grads=w.grad_accum_steps > 1,
         )
         if w.world_size > 1:

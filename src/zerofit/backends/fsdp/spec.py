@@ -73,20 +73,22 @@ class FSDP(Engine[FSDPOptions]):
 
     def memory(self, m: ModelShape, w: Workload, opts: FSDPOptions) -> EngineMemory:
         P, S = m.num_params, w.world_size // opts.replicate_degree
-        T, F = w.trained(P), w.frozen(P)  # LoRA: adapters train, the base is frozen in e_c
+        T = w.trained(P)  # LoRA: adapters train, the base is frozen (w.frozen_bytes)
         gathered = (2 * m.block_params + m.root_params) if opts.reshard_after_forward else P
         blocks = 2 if opts.reshard_after_forward else m.n_layers  # of which in decoder blocks
         head_grad = 0 if w.lora else m.vocab_size * m.dim  # a LoRA head is frozen
         mem = EngineMemory(
             gradients=T * w.e_m / S,
             # units gathered in flight (block weights in e_g) + the root's unsharded head gradient
-            buffers=(gathered + head_grad) * w.e_c - blocks * m.block_params * (w.e_c - w.e_g),
+            buffers=(gathered + head_grad) * w.e_c
+            - blocks * (m.block_params * w.e_c - w.gathered_block_bytes(m.block_params))
+            + w.dequantized_bytes,
             # the root's reduce-scatter: unsharded gradients + their reduce-dtype copy
             end_buffers=0 if w.lora else m.root_params * (w.e_c + w.e_r),
             buffers_at_end=False,
             persistent_grads=w.grad_accum_steps > 1,
         )
-        weights = (T * w.e_m + F * w.e_c) / S
+        weights = (T * w.e_m + w.frozen_bytes(P)) / S
         if mem.persistent_grads:
             # Between syncs FSDP2 accumulates *unsharded* gradients (reduce dtype) on every rank,
             # on the GPU with CPU offload too (the module docstring).
@@ -103,7 +105,8 @@ class FSDP(Engine[FSDPOptions]):
     def traffic(self, m: ModelShape, w: Workload, opts: FSDPOptions) -> Traffic:
         P, group = m.num_params, w.world_size // opts.replicate_degree
         T = w.trained(P)
-        gathered = P * w.e_c - m.n_layers * m.block_params * (w.e_c - w.e_g)  # bytes per pass
+        block = m.block_params * w.e_c - w.gathered_block_bytes(m.block_params)
+        gathered = P * w.e_c - m.n_layers * block  # bytes per pass
         volume = (2 * gathered * w.grad_accum_steps + T * w.e_r) if group > 1 else 0.0
         if opts.replicate_degree > 1:
             volume += 2 * T * w.e_r / group  # all-reduce of the shards across replicas
@@ -118,7 +121,7 @@ class FSDP(Engine[FSDPOptions]):
             return OffloadTime()
         P, S = m.num_params, w.world_size // opts.replicate_degree
         local = w.trained(P) / w.world_size
-        stored = (w.trained(P) * w.e_m + w.frozen(P) * w.e_c) / S  # bytes of a rank's shard
+        stored = (w.trained(P) * w.e_m + w.frozen_bytes(P)) / S  # bytes of a rank's shard
         blocks = 2 * m.n_layers - 1 if opts.reshard_after_forward else m.n_layers
         gathers = (blocks * m.block_params + m.root_params) / P  # full passes over the model
         rate = FUSED_CPU_ADAM_BW if w.fused_optim else FOREACH_CPU_ADAM_BW
