@@ -37,10 +37,39 @@ def _extra(engine: str) -> dict:
     return {**QLORA, "parallel": {"backend": engine}}
 
 
+# A tiny HF Llama whose weights come from its folder: q/o and the MLP are 4-bit (a multiple of
+# 16384 weights), k/v (64 x 128) stay in the compute dtype.
+HF_LLAMA = {
+    "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320,
+    "max_position_embeddings": 256,
+}  # fmt: skip
+
+
+def _hf_extra(folder: Path) -> dict:
+    return {
+        "model": {
+            "preset": None,
+            "hf": str(folder),
+            "overrides": {},
+            "lora": QLORA["model"]["lora"],
+        },
+        "data": {"tokenizer": "byte"},
+        "parallel": {"backend": "fsdp"},
+        "train": {"steps": 10},
+        "checkpoint": {"every": 0},
+    }
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    transformers = pytest.importorskip("transformers")
     tmp = tmp_path_factory.mktemp("qlora")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**HF_LLAMA))
+    model.to(torch.bfloat16).save_pretrained(tmp / "hf-llama", safe_serialization=True)
     out = {e: POOL.submit(train_run, tmp, e, _extra(e), "--nproc", "2") for e in ENGINES}
+    out["hf"] = POOL.submit(train_run, tmp, "hf", _hf_extra(tmp / "hf-llama"), "--nproc", "2")
     yield out
     wait_all(out.values())
 
@@ -138,3 +167,30 @@ def test_export_merged_and_as_a_peft_adapter(runs, tmp_path: Path) -> None:  # n
     adapter = tmp_path / "adapter"
     export_checkpoint(ckpt, run, adapter, "fp32", adapter=True)
     _close(_peft_loss(adapter, adapter / "base", batches), want, "qlora base + PEFT adapter")
+
+
+def test_an_hf_folders_weights_are_quantised_as_read_and_the_loss_falls(runs) -> None:  # noqa: ANN001
+    """The folder's bf16 weights, quantised: the checkpoint's pieces are bitwise those of
+    ``quantize(weight)``; the unquantised k/v and the rest are the folder's own."""
+    from safetensors.torch import load_file
+
+    from zerofit.models.nf4 import quantize
+
+    run = runs["hf"].result()
+    got = losses(run)
+    assert got[10] < got[1] - 0.3, got
+    original = load_file(str(run.parent / "hf-llama" / "model.safetensors"))
+    ckpt = find_checkpoint(run, None)
+    view = NeutralView(
+        open_reader(ckpt / "model", read_meta(ckpt)["format"], checkpoint_readers()), ckpt
+    )
+    four_bit = [n for n in view.names() if n.endswith(".nf4.codes")]
+    assert len(four_bit) == 2 * 5  # q, o, gate, up, down in each of 2 layers
+    for name in four_bit:
+        layer = name.removesuffix(".nf4.codes")
+        want = quantize(original[layer.removeprefix("hf.") + ".weight"])
+        for piece, value in want.items():
+            saved = view.read(f"{MODEL}{layer}.nf4.{piece}")
+            assert torch.equal(saved.to(value.dtype), value), (layer, piece)
+    k = view.read(MODEL + "hf.model.layers.0.self_attn.k_proj.weight")
+    assert torch.equal(k.to(torch.bfloat16), original["model.layers.0.self_attn.k_proj.weight"])

@@ -37,7 +37,10 @@ def test_recipe_loads(path: Path, tmp_path: Path) -> None:
     assert cfg.model.seq_len <= spec.max_seq_len
 
 
-def test_the_fine_tuning_recipes_are_chat_full_and_lora() -> None:
-    full, lora = (load_config(CONFIGS / f"finetune-{k}.yaml") for k in ("full", "lora"))
-    assert full.data.format == lora.data.format == "chat"
-    assert (full.model.lora.rank, lora.model.lora.rank) == (0, 16)
+def test_the_fine_tuning_recipes_are_chat_full_lora_and_qlora() -> None:
+    full, lora, qlora = (
+        load_config(CONFIGS / f"finetune-{k}.yaml") for k in ("full", "lora", "qlora")
+    )
+    assert full.data.format == lora.data.format == qlora.data.format == "chat"
+    assert (full.model.lora.rank, lora.model.lora.rank, qlora.model.lora.rank) == (0, 16, 16)
+    assert (lora.model.lora.quantize, qlora.model.lora.quantize) == ("none", "nf4")
