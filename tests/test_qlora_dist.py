@@ -194,3 +194,46 @@ def test_an_hf_folders_weights_are_quantised_as_read_and_the_loss_falls(runs) ->
             assert torch.equal(saved.to(value.dtype), value), (layer, piece)
     k = view.read(MODEL + "hf.model.layers.0.self_attn.k_proj.weight")
     assert torch.equal(k.to(torch.bfloat16), original["model.layers.0.self_attn.k_proj.weight"])
+
+
+SHARED_READ = """
+import json, sys, torch, torch.distributed as dist
+from zerofit.models.nf4 import PIECES, QuantizedSource, quantize
+dist.init_process_group("gloo")
+shapes = {f"l{i}.weight": (128, 128 * (i + 1)) for i in range(5)}
+def value(name, shape):
+    g = torch.Generator().manual_seed(int(name[1]))
+    return (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)
+read = []
+def source(name, shape):
+    read.append(name)
+    return value(name, shape)
+q = QuantizedSource(source, shapes)
+same = all(torch.equal(q(n.replace(".weight", ".nf4." + p)), quantize(value(n, s))[p])
+           for n, s in shapes.items() for p in PIECES)
+print(json.dumps({"rank": dist.get_rank(), "read": read, "same": same}))
+dist.destroy_process_group()
+"""
+
+
+def test_each_layer_is_read_and_quantised_by_one_rank_only(tmp_path: Path) -> None:
+    """3 ranks, 5 layers: rank r reads layers r, r + 3; every rank gets every layer's pieces,
+    equal to quantising it where it is read."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "shared_read.py"
+    script.write_text(SHARED_READ)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
+           "--standalone", str(script)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)  # hang guard
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    ranks = {r["rank"]: r for r in lines}
+    assert {r: ranks[r]["read"] for r in ranks} == {
+        0: ["l0.weight", "l3.weight"], 1: ["l1.weight", "l4.weight"], 2: ["l2.weight"]}  # fmt: skip
+    assert all(ranks[r]["same"] for r in ranks)

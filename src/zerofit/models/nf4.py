@@ -161,7 +161,12 @@ def piece_of(name: str) -> tuple[str, str] | None:
 class QuantizedSource:
     """The NF4 pieces of the layers in `shapes` ({``<layer>.weight``: shape}), quantised from the
     value ``source(weight_name, shape)`` gives (read from disk, or the name-seeded init). A layer
-    is quantised once, when its first piece is asked for, and kept until another layer's is."""
+    is quantised once, when its first piece is asked for, and kept until another layer's is.
+
+    In a process group of several ranks each layer has one owner (layer i: rank i mod world), which
+    alone reads and quantises it and broadcasts its pieces (0.52 bytes a weight); every rank asks
+    for the layers in the same order (they materialise the same model). So the ranks share the
+    reading and the quantising, and none holds more than one layer's full weight."""
 
     def __init__(
         self,
@@ -169,6 +174,7 @@ class QuantizedSource:
         shapes: dict[str, tuple[int, ...]],
     ) -> None:
         self.source, self.shapes = source, shapes
+        self.order = {name: i for i, name in enumerate(shapes)}
         self.last: tuple[str, dict[str, torch.Tensor]] | None = None
 
     def __call__(self, name: str) -> torch.Tensor | None:
@@ -177,6 +183,25 @@ class QuantizedSource:
             return None
         weight_name, piece = found
         if self.last is None or self.last[0] != weight_name:
-            value = self.source(weight_name, self.shapes[weight_name])
-            self.last = (weight_name, quantize(value))
+            self.last = (weight_name, self._pieces(weight_name))
         return self.last[1][piece]
+
+    def _pieces(self, weight_name: str) -> dict[str, torch.Tensor]:
+        shape = self.shapes[weight_name]
+        dist = torch.distributed
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if world == 1:
+            return quantize(self.source(weight_name, shape))
+        owner = self.order[weight_name] % world
+        if dist.get_rank() == owner:
+            pieces = quantize(self.source(weight_name, shape))
+        else:
+            device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+            dtypes = piece_dtypes()
+            pieces = {
+                n: torch.empty(size, dtype=dtypes[n], device=device)
+                for n, size in piece_shapes(shape).items()
+            }
+        for n in PIECES:
+            dist.broadcast(pieces[n], src=owner)
+        return pieces
