@@ -10,6 +10,9 @@ initial values, and the PEFT adapter config and tensor shapes that ``--adapter``
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from zerofit.export.lora import (
     adapter_config,
     adapter_tensors,
     base_names,
+    dequantized,
     lora_info,
     merged_reader,
     write_adapter,
@@ -44,6 +48,7 @@ from zerofit.models.lora import (
 )
 from zerofit.models.lora_delta import lora_delta
 from zerofit.models.loss import LMHead
+from zerofit.models.nf4 import PIECES, dequantize, quantize
 
 IN, OUT = 3, 4
 # (rank, alpha): the scale, and what it would be inverted
@@ -512,3 +517,138 @@ def test_the_adapted_spec_initialises_reads_and_rebuilds_with_its_adapters() -> 
     )
     assert with_disk.weights("w") is on_disk["w"]
     assert with_disk.weights("layers.0.attention.wq.lora_A.weight") is None
+
+
+class Wrapped(nn.Module):
+    """As zerofit holds a Hugging Face model (`HFCausalLM`): under ``hf``, so its head is
+    ``hf.lm_head``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hf = HFLike()
+
+
+def test_the_head_named_by_its_last_name_is_said_to_be_the_head() -> None:
+    with pytest.raises(
+        UserError,
+        match=r"^model\.lora\.targets: 'lm_head' matches no linear layer \(that is the output head",
+    ):
+        select_targets(Wrapped(), ["lm_head"])
+
+
+def test_a_module_that_is_not_linear_is_not_called_the_head() -> None:
+    with pytest.raises(UserError) as err:
+        select_targets(Wrapped(), ["tok"])  # the embedding: not linear, not the head
+    assert str(err.value) == (
+        "model.lora.targets: 'tok' matches no linear layer; valid module-name suffixes: proj"
+    )
+
+
+def test_a_misspelt_dotted_target_is_matched_by_its_last_name() -> None:
+    with pytest.raises(
+        UserError,
+        match=r"'model\.layers\.0\.projj' matches no linear layer \(did you mean 'proj'\?\)",
+    ):
+        select_targets(Wrapped(), ["model.layers.0.projj"])
+
+
+class PositionsFirst(nn.Module):
+    """A Hugging Face style model whose first ``nn.Embedding`` is not the one it reads tokens
+    through (a position table, or a vision tower's, registered first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = object()
+        self.pos = nn.Embedding(10, IN)
+        self.tok = nn.Embedding(10, IN)
+        self.proj = nn.Linear(IN, IN)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.tok
+
+
+def test_the_input_embedding_is_the_one_the_model_names() -> None:
+    m = PositionsFirst()
+    inject(m, ["proj"], 2, 4.0, 0.0)
+    assert m.tok(torch.tensor([1])).requires_grad  # the first block's input needs a gradient
+
+
+# ----------------------------------------------------------------------------- QLoRA (nf4)
+
+needs_torchao = pytest.mark.skipif(
+    importlib.util.find_spec("torchao") is None, reason="QLoRA quantises with torchao"
+)
+WQ = "layers.0.attention.wq"  # 256 x 256 in the tiny preset: one NF4 quantum of 16384, 4 times
+
+
+def qlora_spec(quantize: str = "nf4", weights: dict[str, torch.Tensor] | None = None):  # noqa: ANN201
+    base = build_model("tiny", overrides={"n_layers": 1})
+    if weights is not None:
+        base = dataclasses.replace(base, weights=weights.get)
+    return apply_lora(base, LoRAConfig(rank=2, alpha=4.0, targets=["wq"], quantize=quantize))
+
+
+@needs_torchao
+def test_a_qlora_base_quantises_the_weights_on_disk_and_reads_the_rest_as_they_are() -> None:
+    """A QLoRA run from a Hugging Face folder: the 4-bit layer is quantised from its weight on
+    disk, every other weight is read as it is there, the adapters start from their init."""
+    g = torch.Generator().manual_seed(0)
+    on_disk = {
+        f"{WQ}.weight": torch.randn(256, 256, generator=g),
+        "tok_embeddings.weight": torch.randn(512, 256, generator=g),
+    }
+    spec = qlora_spec(weights=on_disk)
+    got = {p: spec.weights(f"{WQ}.nf4.{p}") for p in PIECES}
+    want = quantize(on_disk[f"{WQ}.weight"].to(got["codes"].device))
+    for piece in PIECES:
+        assert torch.equal(got[piece], want[piece]), piece
+    assert spec.weights("tok_embeddings.weight") is on_disk["tok_embeddings.weight"]
+    assert spec.weights(f"{WQ}.lora_A.weight") is None  # not on disk: initialised
+
+
+@needs_torchao
+def test_the_export_reads_a_qlora_base_back_as_the_run_recorded_it() -> None:
+    """meta.json's model.lora (the fingerprint) tells the export which layers are 4-bit and their
+    shapes: it reads each back as one bf16 ``<layer>.weight``, the rest as stored."""
+    spec = qlora_spec()
+    pieces = {p: spec.weights(f"{WQ}.nf4.{p}") for p in PIECES}
+    norm = torch.ones(256)
+    view = View(
+        {**{f"{MODEL}{WQ}.nf4.{p}": t for p, t in pieces.items()}, f"{MODEL}norm.weight": norm}
+    )
+    meta = json.loads(json.dumps({"model": spec.fingerprint}))  # as meta.json holds it
+    seen = dequantized(meta, view)
+    assert seen.entries == {
+        f"{MODEL}{WQ}.weight": ((256, 256), torch.bfloat16),  # in place of its four pieces
+        f"{MODEL}norm.weight": ((256,), torch.float32),
+    }
+    want = dequantize(pieces, (256, 256), torch.bfloat16)
+    got = seen.read(f"{MODEL}{WQ}.weight", torch.float32)
+    assert got.dtype == torch.float32 and torch.equal(got, want.float())
+    got = seen.read(f"{MODEL}{WQ}.weight")  # no dtype: the bf16 it holds
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    assert torch.equal(seen.read(f"{MODEL}norm.weight"), norm)
+    # a 4-bit layer that meta.json does not list is refused, not read as garbage
+    meta["model"]["lora"]["quantized"] = {"layers.0.attention.wk": [128, 256]}
+    with pytest.raises(
+        UserError, match=rf"^checkpoint {view.where}: {WQ} is 4-bit, meta.json says not"
+    ):
+        dequantized(meta, view)
+
+
+@needs_torchao
+def test_a_qlora_checkpoint_is_not_resumed_as_plain_lora() -> None:
+    from zerofit.checkpoint.compat import check
+
+    saved, now = {"model": qlora_spec().fingerprint}, {"model": qlora_spec("none").fingerprint}
+    with pytest.raises(
+        UserError, match=r"is for a different run: model\.lora\.quantize is 'nf4' there, None here"
+    ):
+        check(Path("ckpt"), json.loads(json.dumps(saved)), now, None)
+
+
+@needs_torchao
+@pytest.mark.gpu
+def test_on_cuda_a_qlora_base_is_quantised_on_the_gpu() -> None:
+    codes = qlora_spec().weights(f"{WQ}.nf4.codes")
+    assert codes.is_cuda and codes.dtype == torch.uint8 and codes.shape == (256 * 256 // 2,)

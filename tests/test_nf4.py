@@ -264,3 +264,55 @@ def test_the_planners_estimate_of_adapters_is_what_the_built_model_counts(tmp_pa
         cfg = load_config(write_config(tmp_path / "c.yaml", extra))
         built = workload_for(cfg, 1).lora
         assert estimated_adapters(shape_from_config(cfg), 16, True) == built, preset
+
+
+def test_the_rebuild_time_enters_the_step_time(tmp_path) -> None:  # noqa: ANN001
+    """The same workload with and without its NF4 weights: the forecast step differs by exactly
+    the rebuild time (it is compute: no communication hides it)."""
+    from dataclasses import replace
+
+    from zerofit.models.shape import shape_from_config
+    from zerofit.planner.memory import strategy_for, workload_for
+    from zerofit.planner.shape import Hardware
+    from zerofit.planner.speed import dequant_seconds, predict
+
+    extra = {
+        "model": {"preset": "llama3-8b", "overrides": {}, "lora": {"rank": 16, "quantize": "nf4"}}
+    }
+    cfg = load_config(write_config(tmp_path / "c.yaml", extra), ["parallel.backend=ddp"])
+    m, w, s = shape_from_config(cfg), workload_for(cfg, 1), strategy_for(cfg)
+    hw = Hardware(1, 24 * 2**30, peak_flops=165e12, mem_bw=1.008e12)
+    plain = replace(w, lora=replace(w.lora, quantized=0, block_quantized=0, largest_quantized=0))
+    rebuild = dequant_seconds(m, w, s, hw)
+    assert rebuild > 0 and dequant_seconds(m, plain, s, hw) == 0
+    got = predict(m, w, s, hw).compute - predict(m, plain, s, hw).compute
+    assert got == pytest.approx(rebuild)
+    assert predict(m, w, s, hw).step_time > predict(m, plain, s, hw).step_time
+
+
+def test_fsdp_gathers_the_4bit_share_of_a_block_in_4_bits(tmp_path) -> None:  # noqa: ANN001
+    """FSDP2 full-shard holds two gathered blocks: QLoRA's are smaller than LoRA's by the NF4
+    share (2 - 0.516 bytes a weight), plus one layer rebuilt in bf16; its all-gathers carry the
+    base's 4-bit weights at 0.516 bytes."""
+    from dataclasses import replace
+
+    from zerofit.backends.terms import NF4_BYTES
+    from zerofit.models.shape import shape_from_config
+    from zerofit.planner.memory import strategy_for, workload_for
+
+    extra = {
+        "model": {"preset": "llama3-8b", "overrides": {}, "lora": {"rank": 16, "quantize": "nf4"}}
+    }
+    cfg = load_config(
+        write_config(tmp_path / "c.yaml", extra), ["parallel.backend=fsdp", "precision.mode=bf16"]
+    )
+    m, w, s = shape_from_config(cfg), workload_for(cfg, 2), strategy_for(cfg)
+    plain = replace(w, lora=replace(w.lora, quantized=0, block_quantized=0, largest_quantized=0))
+    q = w.lora.block_quantized
+    got, ref = s.engine.memory(m, w, s.options), s.engine.memory(m, plain, s.options)
+    assert ref.buffers - got.buffers == pytest.approx(
+        2 * q * (2 - NF4_BYTES) - w.lora.largest_quantized * 2
+    )
+    moved, ref_moved = s.engine.traffic(m, w, s.options), s.engine.traffic(m, plain, s.options)
+    # two passes (forward, backward) of every block's all-gather a step, 1 micro-batch
+    assert ref_moved.volume - moved.volume == pytest.approx(2 * m.n_layers * q * (2 - NF4_BYTES))
