@@ -316,3 +316,28 @@ def test_fsdp_gathers_the_4bit_share_of_a_block_in_4_bits(tmp_path) -> None:  # 
     moved, ref_moved = s.engine.traffic(m, w, s.options), s.engine.traffic(m, plain, s.options)
     # two passes (forward, backward) of every block's all-gather a step, 1 micro-batch
     assert ref_moved.volume - moved.volume == pytest.approx(2 * m.n_layers * q * (2 - NF4_BYTES))
+
+
+def test_the_rebuild_repeats_for_recomputed_blocks_and_each_micro_batch(tmp_path) -> None:  # noqa: ANN001
+    """Full AC recomputes every block's forward (a third rebuild), and each micro-batch of an
+    accumulated step rebuilds them all again; half the blocks recomputing add half a pass."""
+    from dataclasses import replace
+
+    from zerofit.models.shape import shape_from_config
+    from zerofit.planner.memory import strategy_for, workload_for
+    from zerofit.planner.shape import Hardware
+    from zerofit.planner.speed import dequant_seconds
+
+    extra = {
+        "model": {"preset": "llama3-8b", "overrides": {}, "lora": {"rank": 16, "quantize": "nf4"}}
+    }
+    cfg = load_config(write_config(tmp_path / "c.yaml", extra), ["parallel.backend=ddp"])
+    m, w, s = shape_from_config(cfg), workload_for(cfg, 1), strategy_for(cfg)
+    hw = Hardware(1, 24 * 2**30, peak_flops=165e12, mem_bw=1.008e12)
+    once = dequant_seconds(m, w, replace(s, activation_checkpointing="none"), hw)
+    full = dequant_seconds(
+        m, replace(w, grad_accum_steps=3), replace(s, activation_checkpointing="full"), hw
+    )
+    assert full == pytest.approx(once * 3 / 2 * 3)
+    half = dequant_seconds(m, w, replace(s, activation_checkpointing="every_k", ac_every=2), hw)
+    assert half == pytest.approx(once * 2.5 / 2)
