@@ -154,14 +154,17 @@ def test_lora_delta_dropout_drops_and_rescales_the_same_inputs_in_backward(p: fl
     torch.testing.assert_close(again, scale * x.detach(), atol=1e-6, rtol=0)
 
 
-def test_lora_linear_dropout_applies_only_in_training() -> None:
-    layer = adapted(2, 8.0, lean=True, dropout=0.9)
+@pytest.mark.parametrize(("lean", "p"), [(True, 0.9), (False, 0.5)], ids=["lean", "module"])
+def test_lora_linear_dropout_applies_only_in_training(lean: bool, p: float) -> None:
+    layer = adapted(2, 8.0, lean=lean, dropout=p)
+    assert isinstance(layer.dropout, nn.Dropout) and layer.dropout.p == p
     layer.eval()
     torch.testing.assert_close(layer(X), expected(2, 8.0), rtol=0, atol=1e-5)
     layer.train()
     torch.manual_seed(1)
     outs = torch.stack([layer(X) for _ in range(8)])
     assert not torch.allclose(outs, expected(2, 8.0).expand_as(outs))
+    assert isinstance(adapted(2, 8.0, lean=lean).dropout, nn.Identity)  # no dropout: none
 
 
 # ----------------------------------------------------------------------------- export: merge
@@ -439,18 +442,6 @@ def test_the_adapter_folder_holds_peft_names_in_the_export_dtype(tmp_path: Path)
     assert torch.equal(got["base_model.model.model.q.lora_B.weight"], b.to(torch.bfloat16))
     assert size == (a.numel() + b.numel()) * 2
     assert json.loads((tmp_path / "adapter_config.json").read_text()) == config
-
-
-def test_lora_linear_dropout_applies_only_in_training_module_by_module() -> None:
-    layer = adapted(2, 8.0, lean=False, dropout=0.5)
-    assert isinstance(layer.dropout, nn.Dropout) and layer.dropout.p == 0.5
-    layer.eval()
-    torch.testing.assert_close(layer(X), expected(2, 8.0), rtol=0, atol=1e-5)
-    layer.train()
-    torch.manual_seed(1)
-    outs = torch.stack([layer(X) for _ in range(8)])
-    assert not torch.allclose(outs, expected(2, 8.0).expand_as(outs))
-    assert isinstance(adapted(2, 8.0, lean=False).dropout, nn.Identity)  # no dropout: none
 
 
 def test_a_meta_model_gets_meta_factors_and_shows_its_scale() -> None:

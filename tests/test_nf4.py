@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from conftest import write_config
 
+from zerofit.backends.base import materialize_from_spec
 from zerofit.config.schema import LoRAConfig
-from zerofit.distributed.parallelize import materialize_
 from zerofit.errors import UserError
 from zerofit.launch.run_config import load_config
 from zerofit.models import ModelSpec, build_model
@@ -95,10 +95,7 @@ def test_the_4bit_linear_is_the_dequantised_weights(dtype: torch.dtype) -> None:
 
 
 def _materialized(spec: ModelSpec) -> torch.nn.Module:
-    materialize_(
-        spec.module, torch.device("cpu"), init_seed=0, init_param_=spec.init_param_,
-        weights=spec.weights,
-    )  # fmt: skip
+    materialize_from_spec(spec.module, torch.device("cpu"), spec, init_seed=0)
     return spec.module
 
 

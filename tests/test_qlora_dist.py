@@ -14,10 +14,10 @@ import torch
 from conftest import POOL, assert_resume_exact, losses, train_run, wait_all
 
 from zerofit.backends import checkpoint_readers
+from zerofit.backends.base import materialize_from_spec
 from zerofit.checkpoint import read_meta
 from zerofit.checkpoint.neutral import MODEL, NeutralView, open_reader
 from zerofit.config.schema import LoRAConfig
-from zerofit.distributed.parallelize import materialize_
 from zerofit.export.run import find_checkpoint
 from zerofit.models import build_model
 from zerofit.models.lora import apply_lora
@@ -81,27 +81,30 @@ def test_qlora_trains_alike_under_fsdp_and_ddp(runs) -> None:  # noqa: ANN001
     assert worst <= 1e-5, {s: (fsdp[s], ddp[s]) for s in ddp}
 
 
+def _view(ckpt: Path) -> NeutralView:
+    fmt = read_meta(ckpt)["format"]
+    return NeutralView(open_reader(ckpt / "model", fmt, checkpoint_readers()), ckpt)
+
+
+def _model(quantize: str) -> torch.nn.Module:
+    """The runs' model (LoRA r=4, alpha 8 on the tiny preset), materialised from its init."""
+    lora = LoRAConfig(**{**QLORA["model"]["lora"], "quantize": quantize})
+    spec = apply_lora(build_model("tiny", overrides={"n_layers": 2}), lora)
+    materialize_from_spec(spec.module, torch.device("cpu"), spec, init_seed=0)
+    return spec.module
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_the_checkpointed_base_is_the_quantised_init_bitwise(runs, engine: str) -> None:  # noqa: ANN001
     ckpt = find_checkpoint(runs[engine].result(), 10)
-    view = NeutralView(
-        open_reader(ckpt / "model", read_meta(ckpt)["format"], checkpoint_readers()), ckpt
-    )
-    spec = apply_lora(
-        build_model("tiny", overrides={"n_layers": 2}),
-        LoRAConfig(rank=4, alpha=8.0, quantize="nf4"),
-    )
-    materialize_(
-        spec.module, torch.device("cpu"), init_seed=0, init_param_=spec.init_param_,
-        weights=spec.weights,
-    )  # fmt: skip
-    pieces = {n: p for n, p in spec.module.named_parameters() if ".nf4." in n}
+    view = _view(ckpt)
+    model = _model("nf4")
+    pieces = {n: p for n, p in model.named_parameters() if ".nf4." in n}
     assert len(pieces) == 14 * 4
     for name, want in pieces.items():
         saved = view.read(MODEL + name)
-        assert saved.dtype == want.dtype or want.dtype == torch.bfloat16, (
-            name
-        )  # scales: fp32 compute
+        # the bf16 factors and mean are stored in the fp32 compute dtype
+        assert saved.dtype == want.dtype or want.dtype == torch.bfloat16, name
         assert torch.equal(saved.to(want.dtype), want), name
 
 
@@ -112,16 +115,8 @@ def test_qlora_resumes_exactly_under_fsdp(runs, tmp_path: Path) -> None:  # noqa
 @torch.no_grad()
 def _trained_loss(ckpt: Path, batches: list) -> float:
     """The QLoRA model, built as the run built it, with the checkpoint's pieces and adapters."""
-    spec = apply_lora(
-        build_model("tiny", overrides={"n_layers": 2}), LoRAConfig(**QLORA["model"]["lora"])
-    )
-    model = spec.module
-    materialize_(
-        model, torch.device("cpu"), init_seed=0, init_param_=spec.init_param_, weights=spec.weights
-    )
-    view = NeutralView(
-        open_reader(ckpt / "model", read_meta(ckpt)["format"], checkpoint_readers()), ckpt
-    )
+    model = _model("nf4")
+    view = _view(ckpt)
     for name, p in model.named_parameters():
         p.copy_(view.read(MODEL + name, p.dtype))
     return sum(model(x, y).item() for x, y in batches) / len(batches)
@@ -145,17 +140,9 @@ def test_export_merged_and_as_a_peft_adapter(runs, tmp_path: Path) -> None:  # n
     model = transformers.AutoModelForCausalLM.from_pretrained(merged, local_files_only=True)
     _close(hf_loss(model.eval(), batches), want, "qlora merged")
 
-    plain = apply_lora(
-        build_model("tiny", overrides={"n_layers": 2}), LoRAConfig(rank=4, alpha=8.0)
-    )
-    materialize_(
-        plain.module, torch.device("cpu"), init_seed=0, init_param_=plain.init_param_,
-        weights=plain.weights,
-    )  # fmt: skip
-    view = NeutralView(
-        open_reader(ckpt / "model", read_meta(ckpt)["format"], checkpoint_readers()), ckpt
-    )
-    layer = plain.module.layers[1].feed_forward.w2
+    plain = _model("none")
+    view = _view(ckpt)
+    layer = plain.layers[1].feed_forward.w2
     a = view.read(MODEL + "layers.1.feed_forward.w2.lora_A.weight")
     b = view.read(MODEL + "layers.1.feed_forward.w2.lora_B.weight")
     exact = layer.weight.detach() + 2.0 * b @ a  # the bf16-free base plus the adapters
@@ -181,9 +168,7 @@ def test_an_hf_folders_weights_are_quantised_as_read_and_the_loss_falls(runs) ->
     assert got[10] < got[1] - 0.3, got
     original = load_file(str(run.parent / "hf-llama" / "model.safetensors"))
     ckpt = find_checkpoint(run, None)
-    view = NeutralView(
-        open_reader(ckpt / "model", read_meta(ckpt)["format"], checkpoint_readers()), ckpt
-    )
+    view = _view(ckpt)
     four_bit = [n for n in view.names() if n.endswith(".nf4.codes")]
     assert len(four_bit) == 2 * 5  # q, o, gate, up, down in each of 2 layers
     for name in four_bit:

@@ -16,6 +16,7 @@ PY
 S="--train.steps 12 --log.every 4 --log.progress false --model.seq_len 256"
 zf fsdp train --nproc 1 $S --log.run_dir fsdp
 zf fsdp_fp8 train --nproc 1 $S --model.preset small --precision.fp8 tensorwise --log.run_dir fsdp_fp8
+zf fsdp_fp8_rowwise train --nproc 1 $S --model.preset small --precision.fp8 rowwise --log.run_dir fsdp_fp8_r
 zf ds3 train --nproc 1 $S --parallel.backend deepspeed --log.run_dir ds3
 zf ds_to_fsdp train --nproc 1 $S --train.steps 16 --resume ds3/checkpoints/step_00000012 --log.run_dir ds_to_fsdp
 zf fsdp_to_ds train --nproc 1 $S --train.steps 16 --parallel.backend deepspeed --resume fsdp/checkpoints/step_00000012 --log.run_dir fsdp_to_ds
@@ -23,6 +24,7 @@ zf lora train --nproc 1 $S --model.hf hf-tiny --model.lora.rank 8 --log.run_dir 
 zf export export ds_to_fsdp --out export-hf
 zf export_lora export lora --out export-lora
 zf plan plan --preset llama3-8b
+python3 -c "import zerofit, transformers, torchao" > imports.out 2> imports.err; echo imports rc=$?
 cd "$OUT" && tar czf quiet.tgz quiet && rm -rf quiet
 tar xzf quiet.tgz -C /tmp && cd /tmp/quiet
 echo "== noise lines per command"

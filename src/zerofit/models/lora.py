@@ -35,7 +35,14 @@ from zerofit.models import ModelSpec
 from zerofit.models.init import param_seed
 from zerofit.models.lora_delta import lora_delta
 from zerofit.models.loss import LMHead
-from zerofit.models.nf4 import NF4Weight, QuantizedSource, nf4_linear, quantizable, weight_count
+from zerofit.models.nf4 import (
+    NF4Weight,
+    QuantizedSource,
+    local_device,
+    nf4_linear,
+    quantizable,
+    weight_count,
+)
 from zerofit.models.shape import ModelShape, ParamCounts
 
 if TYPE_CHECKING:
@@ -243,7 +250,7 @@ def _weights_quantized(
     base = _weights_with_adapters(spec.weights)
 
     def source(weight_name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        device = local_device()
         loaded = spec.weights(weight_name) if spec.weights is not None else None
         if loaded is not None:
             return loaded.to(device)

@@ -119,11 +119,13 @@ class NF4Weight(nn.Module):
 def weight_count(module: nn.Module) -> int:
     """The parameters `module` holds, counting a weight stored in NF4 by its elements (the model's
     parameter count), not by its storage's."""
-    plain = sum(p.numel() for p in module.parameters() if p.dtype.is_floating_point)
-    plain -= sum(
-        m.mean.numel() + m.factors.numel() for m in module.modules() if isinstance(m, NF4Weight)
-    )
+    plain = sum(p.numel() for n, p in module.named_parameters() if piece_of(n) is None)
     return plain + sum(math.prod(m.shape) for m in module.modules() if isinstance(m, NF4Weight))
+
+
+def local_device() -> torch.device:
+    """Where a rank quantises: its GPU where there is one (the current CUDA device), else CPU."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
 class _NF4Linear(torch.autograd.Function):
@@ -196,10 +198,9 @@ class QuantizedSource:
         if dist.get_rank() == owner:
             pieces = quantize(self.source(weight_name, shape))
         else:
-            device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
             dtypes = piece_dtypes()
             pieces = {
-                n: torch.empty(size, dtype=dtypes[n], device=device)
+                n: torch.empty(size, dtype=dtypes[n], device=local_device())
                 for n, size in piece_shapes(shape).items()
             }
         for n in PIECES:

@@ -74,13 +74,17 @@ class ModelShape:
         return self.dim // self.n_heads
 
     @property
+    def block_linears(self) -> list[tuple[int, int]]:
+        """(in, out) of a decoder block's linear layers: q, k, v, o, gate, up, down."""
+        d, kv, f = self.dim, self.n_kv_heads * self.head_dim, self.ffn_dim
+        return [(d, d), (d, kv), (d, kv), (d, d), (d, f), (d, f), (f, d)]
+
+    @property
     def block_params(self) -> int:
         """Parameters of one decoder block (the largest one, when measured)."""
         if self.measured is not None:
             return self.measured.block
-        kv = self.n_kv_heads * self.head_dim
-        attn = 2 * self.dim * self.dim + 2 * self.dim * kv
-        return attn + 3 * self.dim * self.ffn_dim + 2 * self.dim
+        return sum(i * o for i, o in self.block_linears) + 2 * self.dim  # + two norms
 
     @property
     def embedding_params(self) -> int:

@@ -27,22 +27,11 @@ WAYS = {
 QUANTUM = 64 * 256  # an NF4 weight's size is a multiple of this (zerofit.models.nf4)
 
 
-def block_linears(m: ModelShape) -> list[tuple[int, int]]:
-    """(in, out) of a Llama-style decoder block's linear layers: q, k, v, o, gate, up, down."""
-    head = m.dim // m.n_heads
-    q, kv = m.n_heads * head, m.n_kv_heads * head
-    return (
-        [(m.dim, q), (m.dim, kv), (m.dim, kv), (q, m.dim)]
-        + [(m.dim, m.ffn_dim)] * 2
-        + [(m.ffn_dim, m.dim)]
-    )
-
-
 def estimated_adapters(m: ModelShape, rank: int, quantize: bool) -> Adapters:
     """LoRA on every linear layer of the blocks (``all-linear``), counted from the shape without
     building the model (torch-free; `zerofit plan` with ``model.lora`` set counts the built
     model's)."""
-    linears = block_linears(m)
+    linears = m.block_linears
     sizes = [i * o for i, o in linears if i * o % QUANTUM == 0] if quantize else []
     return Adapters(
         params=m.n_layers * rank * sum(i + o for i, o in linears),

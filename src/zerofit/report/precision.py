@@ -83,7 +83,7 @@ def stored_dtypes(model: nn.Module) -> tuple[torch.dtype | None, torch.dtype | N
         (
             p.dtype
             for n, p in model.named_parameters()
-            if not p.requires_grad and piece_of(strip_wrapper_names(n)) is None
+            if not p.requires_grad and piece_of(n) is None
         ),
         None,
     )
@@ -151,8 +151,9 @@ def report(backend: Any, compute: torch.dtype | None) -> dict[str, Any]:
     if frozen is not None:
         found |= {"adapter_weights": adapters, "frozen_weights": frozen}
     effective = {k: dtype_name(v) if v is not None else "unknown" for k, v in found.items()}
-    if quantized_layers(backend.model):
-        effective["frozen_linears"] = f"nf4 ({quantized_layers(backend.model)} layers)"
+    four_bit = quantized_layers(backend.model)
+    if four_bit:
+        effective["frozen_linears"] = f"nf4 ({four_bit} layers)"
     warnings = []
     for key, value in found.items():
         if key not in CONFIG_KEY:
