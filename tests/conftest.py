@@ -40,9 +40,14 @@ def write_config(path: Path, extra: dict | None = None) -> Path:
     return path
 
 
-def zerofit(*args: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
-    """`zerofit ARGS` in a subprocess; ``timeout`` is a hang guard (a launch takes 5-40 s)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def zerofit(
+    *args: str, cwd: Path, timeout: int = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`zerofit ARGS` in a subprocess, with ``env`` added to this one's.
+
+    ``timeout`` is a hang guard (a launch takes 5-40 s).
+    """
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     src = str(Path(__file__).resolve().parents[1] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run(

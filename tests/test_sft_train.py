@@ -38,12 +38,22 @@ def chat(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 
 
 def _train(chat: tuple[Path, dict], name: str, nproc: str, extra: dict) -> tuple[Path, str]:
-    """One training run: its directory and its output."""
+    """One training run: its directory and its output.
+
+    Every run uses one CPU thread per process, so the kernels of one process and of two sum in the
+    same order (the launcher would give a lone process every core).
+    """
     root, base = chat
     run_dir = root / name
     cfg = deep_update(deep_update(base, extra), {"log": {"run_dir": str(run_dir)}})
     proc = zerofit(
-        "train", "-c", str(write_config(root / f"{name}.yaml", cfg)), "--nproc", nproc, cwd=root
+        "train",
+        "-c",
+        str(write_config(root / f"{name}.yaml", cfg)),
+        "--nproc",
+        nproc,
+        cwd=root,
+        env={"OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 0, f"{name}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return run_dir, proc.stdout
