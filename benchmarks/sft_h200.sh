@@ -9,6 +9,8 @@
 #   model, data and benchmark switches given) beside stock + Liger Kernel, eager and per-layer
 #   compiled, at the recipe's global batch (STOCK_MB sets stock's micro-batch x accumulation);
 #   fast-lora also runs zerofit eager and compiled without model.lean_ops at stock's split.
+#   issue 26's PHASEs: qlora-probe (1B) | qlora-8b (LIMIT GiB per GPU, default 23: a 24 GB card)
+#   | qlora-70b (zerofit alone, the whole card): see qlora_* below.
 # FIXTURE is what `python benchmarks/sft_fixture.py FIXTURE` made (model-1b, model-8b, chat.jsonl).
 # Each zerofit variant runs under `zerofit bench` (own processes, median step time after warm-up);
 # each stock run under torchrun. Needs zerofit, peft and pydantic importable (docs/benchmarks/).
@@ -96,8 +98,39 @@ fast_lora() {
     --variant "eager, lean: parallel.compile=false" \
     --variant "compiled, not lean: parallel.compile=true model.lean_ops=false"
 }
+# Issue 26: QLoRA. Stock is transformers + PEFT + bitsandbytes' Linear4bit + Liger Kernel on one
+# GPU (stock_sft.py --qlora), eager and per-layer compiled; zerofit runs configs/finetune-qlora.yaml.
+qlora=configs/finetune-qlora.yaml
+m70="model.hf=$fix/model-70b"
+qlora_probe() {  # 1B, both stacks: the 4-bit paths exercised before the 8B call
+  local split="train.micro_batch_size=4 train.grad_accum_steps=2 parallel.activation_checkpointing=none"
+  # shellcheck disable=SC2086
+  stock 1b-qlora-stock-liger 150 $qlora $m1 $split --liger --qlora
+  # shellcheck disable=SC2086
+  zerofit 1b-qlora-zerofit 240 $qlora $m1 $split parallel.backend=fsdp \
+    --variant "compiled: parallel.compile=true" --variant "eager: parallel.compile=false"
+}
+qlora_8b() {  # a 24 GB card rehearsed: both stacks capped at LIMIT GiB, the recipe's global batch
+  local lim=${LIMIT:-23}
+  local split="train.micro_batch_size=4 train.grad_accum_steps=4 parallel.activation_checkpointing=full"
+  # shellcheck disable=SC2086
+  stock 8b-qlora-stock-liger 200 $qlora $m8 $split --liger --qlora --memory-limit-gib "$lim"
+  # shellcheck disable=SC2086
+  stock 8b-qlora-stock-liger-compile 240 $qlora $m8 $split --liger --qlora --compile \
+    --memory-limit-gib "$lim"
+  zerofit 8b-qlora-zerofit 300 $qlora $m8 "train.gpu_memory_limit=${lim}GiB" \
+    --variant "recipe defaults: log.every=1000" \
+    --variant "fsdp, AC first 30: parallel.backend=fsdp parallel.activation_checkpointing=first_k parallel.ac_blocks=30"
+}
+qlora_70b() {  # the whole card; fewer rows per step than the recipe (device time)
+  zerofit 70b-qlora-zerofit 540 $qlora $m70 train.micro_batch_size=4 train.grad_accum_steps=1 \
+    --variant "recipe defaults at 4 x 1: log.every=1000"
+}
 mkdir -p "$root"
 case $phase in
+qlora-probe) qlora_probe ;;
+qlora-8b) qlora_8b ;;
+qlora-70b) qlora_70b ;;
 fast-lora) fast_lora ;;
 fast-1b) fast 1b $full $m1 ${STOCK_MB:-train.micro_batch_size=8 train.grad_accum_steps=2 parallel.activation_checkpointing=none} ;;
 fast-8b) fast 8b $full $m8 ${STOCK_MB:-train.micro_batch_size=2 train.grad_accum_steps=8 parallel.activation_checkpointing=full} ;;

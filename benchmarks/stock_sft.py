@@ -17,6 +17,16 @@ What "the usual way" means here, as a TRL / Accelerate user would run it:
   then from the model's own forward with the already shifted targets (`shift_labels`);
 - `--compile`: `torch.compile` on each decoder layer (after activation checkpointing, before
   `fully_shard`, torchtitan's order);
+- `--qlora`: QLoRA as bitsandbytes trains it: every linear layer but the head becomes a
+  `bitsandbytes.nn.Linear4bit` (NF4, double-quantised statistics, bf16 compute: the modules
+  `from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True,
+  bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=bf16))`
+  builds), quantised here from the bf16 random init on the GPU; PEFT's adapters on top; on one GPU
+  no FSDP (HF Trainer's single-GPU way: autocast to bf16, adapters kept in fp32), gradient
+  checkpointing per decoder layer when `parallel.activation_checkpointing` is not none;
+- `--memory-limit-gib G`: cap the caching allocator at G GiB (a 24 GB card rehearsed on a larger
+  one, as zerofit's `train.gpu_memory_limit` does); peak memory is then read after the model is
+  built (`load_peak_gib` reports the build's);
 - torch.optim.AdamW (fused) over the trainable parameters, the config's lr schedule (zerofit's
   warm-up and cosine, so both stacks take the same steps) and grad clipping.
 
@@ -53,10 +63,38 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     )
     p.add_argument("--liger", action="store_true", help="Liger Kernel (see the module doc)")
     p.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
+    p.add_argument("--qlora", action="store_true", help="bitsandbytes 4-bit base (module doc)")
+    p.add_argument("--memory-limit-gib", type=float, default=None, help="cap the allocator")
     return p.parse_known_args()
 
 
-def build_model(cfg, device: torch.device, attn: str, liger: bool = False):  # noqa: ANN001, ANN201
+def quantize_bnb(model: torch.nn.Module, device: torch.device) -> int:
+    """Every nn.Linear but the head as bitsandbytes' NF4 Linear4bit; the count replaced."""
+    import bitsandbytes as bnb
+
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not torch.nn.Linear or name == "lm_head":
+                continue
+            q = bnb.nn.Linear4bit(
+                child.in_features, child.out_features, bias=child.bias is not None,
+                compute_dtype=torch.bfloat16, compress_statistics=True, quant_type="nf4",
+                device="meta",
+            )  # fmt: skip
+            q.weight = bnb.nn.Params4bit(
+                child.weight.data, requires_grad=False, quant_type="nf4",
+                compress_statistics=True, module=q,
+            ).to(device)  # fmt: skip
+            if child.bias is not None:
+                q.bias = child.bias
+            setattr(parent, name, q)
+            count += 1
+    torch.cuda.empty_cache()
+    return count
+
+
+def build_model(cfg, device: torch.device, attn: str, liger: bool = False, qlora: bool = False):  # noqa: ANN001, ANN201
     from transformers import AutoConfig, AutoModelForCausalLM
 
     hf_cfg = AutoConfig.from_pretrained(cfg.model.hf, local_files_only=True)
@@ -71,6 +109,12 @@ def build_model(cfg, device: torch.device, attn: str, liger: bool = False):  # n
         _apply_liger_kernel_to_instance(
             model=model, rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=True
         )
+    if qlora:
+        print(f"bitsandbytes NF4: {quantize_bnb(model, device)} linear layers", flush=True)
+        if cfg.parallel.activation_checkpointing != "none":
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
     if lora:
         from peft import LoraConfig, get_peft_model
 
@@ -136,8 +180,19 @@ def main() -> int:
     inputs = build_inputs(cfg)
     loader = make_loader(cfg, inputs.data, rank, world)
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg, device, args.attn, args.liger)
-    shard(model, cfg, args.compile)
+    if args.memory_limit_gib:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(args.memory_limit_gib * 2**30 / total, device)
+    model = build_model(cfg, device, args.attn, args.liger, args.qlora)
+    if args.qlora and world == 1:  # one GPU: no FSDP (bitsandbytes' documented single-GPU way)
+        layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+        for layer in layers if args.compile else []:
+            layer.compile()
+    else:
+        shard(model, cfg, args.compile)
+    load_peak = torch.cuda.max_memory_allocated() / 2**30
+    built = torch.cuda.memory_allocated() / 2**30
+    torch.cuda.reset_peak_memory_stats(device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(
         params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, fused=True
@@ -150,7 +205,8 @@ def main() -> int:
         n_real = 0
         for _ in range(accum):
             batch = loader.next_microbatch()
-            loss = micro_loss(model, batch, device, args.liger)
+            with torch.autocast("cuda", torch.bfloat16, enabled=args.qlora):
+                loss = micro_loss(model, batch, device, args.liger)
             (loss / accum).backward()
             n_real += real_tokens(batch)
         torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
@@ -193,6 +249,13 @@ def main() -> int:
         "losses": losses,
         "trainable_params": sum(p.numel() for p in params),
     }
+    if args.qlora:
+        out |= {"stack": out["stack"].replace("peft", "peft+bnb4bit"), "qlora": True}
+        out |= {
+            "load_peak_gib": load_peak,
+            "built_gib": built,
+            "memory_limit_gib": args.memory_limit_gib,
+        }
     if rank == 0:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "results.json").write_text(json.dumps(out, indent=1))

@@ -189,6 +189,13 @@ def _one_chunk_past_fp16(device: str, dtype: torch.dtype) -> None:
     torch.testing.assert_close(w.grad.float().cpu(), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_on_cpu_a_chunks_head_gradient_is_summed_in_fp32(dtype: torch.dtype) -> None:
+    """The CPU path too: a CPU matmul of fp16 inputs returns fp16, so the chunk's product is formed
+    from inputs cast to fp32 (before, fp16 gave -inf in row 0 of the head's gradient)."""
+    _one_chunk_past_fp16("cpu", dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_on_cuda_a_chunks_head_gradient_is_summed_in_fp32(dtype: torch.dtype) -> None:

@@ -71,11 +71,13 @@ def _chunk_fn():  # noqa: ANN202
 
 
 def _accumulate_grad_w(grad_w: torch.Tensor, g: torch.Tensor, hc: torch.Tensor) -> torch.Tensor:
-    """grad_w (fp32) + g.T @ hc. On CUDA the product is accumulated in fp32 by the GEMM itself
-    (``addmm`` with an fp32 output from bf16/fp16 inputs); elsewhere via a cast."""
+    """grad_w (fp32) + g.T @ hc, the product summed in fp32 whatever the inputs' dtype. On CUDA the
+    GEMM itself accumulates bf16/fp16 inputs into an fp32 output (``addmm``); elsewhere the
+    inputs are cast up first (a CPU matmul in fp16 returns fp16: a chunk's sum of unnormalised
+    gradients would overflow to inf past 65,504)."""
     if grad_w.is_cuda and g.dtype in (torch.bfloat16, torch.float16):
         return torch.ops.aten.addmm.dtype(grad_w, g.t(), hc.to(g.dtype), torch.float32)
-    return grad_w.add_(torch.matmul(g.t(), hc.to(g.dtype)).float())
+    return grad_w.addmm_(g.t().float(), hc.float())
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
