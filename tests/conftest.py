@@ -10,9 +10,13 @@ import sys
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import yaml
+
+if TYPE_CHECKING:
+    import torch
 
 # Small enough for 2 CPU cores, big enough to exercise every code path.
 TINY = {
@@ -58,6 +62,17 @@ def zerofit(
         text=True,
         timeout=timeout,
     )
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit the same tensor (dtype, shape and bytes): ``torch.equal`` is False for NaN,
+    and a QLoRA base's NF4 words are bytes that often read as NaN in bf16."""
+    import torch  # here: the conftest stays torch-free for the pure-logic tests
+
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    flat = [t.clone(memory_format=torch.contiguous_format).reshape(-1) for t in (a, b)]
+    return torch.equal(flat[0].view(torch.uint8), flat[1].view(torch.uint8))
 
 
 def losses(run_dir: Path) -> dict[int, float]:

@@ -14,6 +14,7 @@ from zerofit.backends.base import DTYPE, Backend, Gate
 from zerofit.checkpoint.neutral import READ_ERRORS, checkpoint_error, open_reader
 from zerofit.config.schema import OptimConfig
 from zerofit.faults.nonfinite import StepResult
+from zerofit.models import nf4
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -33,11 +34,13 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def cast_frozen_(model: nn.Module, dtype: torch.dtype) -> None:
     """Store every frozen parameter (``requires_grad`` False: a LoRA base) in ``dtype``, the
-    compute dtype: nothing updates it, so it needs no master copy. In place (ties kept). Integer
-    storage (a QLoRA base's NF4 codes and scales) is left as it is."""
-    for p in model.parameters():
-        if not p.requires_grad and p.dtype.is_floating_point and p.dtype != dtype:
-            p.data = p.data.to(dtype)
+    compute dtype: nothing updates it, so it needs no master copy. In place (ties kept). A QLoRA
+    base's NF4 pieces go back to their storage words instead (``nf4.STORAGE``: on meta, where the
+    engines call this, a dtype change only), whatever an earlier ``.to`` made of them."""
+    for name, p in model.named_parameters():
+        want = nf4.STORAGE if nf4.piece_of(name) is not None else dtype
+        if not p.requires_grad and p.dtype != want:
+            p.data = p.data.to(want)
 
 
 def trainable(model: nn.Module) -> list[nn.Parameter]:

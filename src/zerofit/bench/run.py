@@ -130,7 +130,7 @@ def measure(summary: dict[str, Any], warmup: int, count: int | None = None) -> d
     tps = summary["tokens_per_step"] / median
     extra = {
         k: summary[k]
-        for k in ("mem_alloc_gib", "mem_reserved_gib", "alloc_retries")
+        for k in ("mem_alloc_gib", "mem_reserved_gib", "alloc_retries", "host_rss_gib")
         if k in summary
     }
     if "mem_rss_gib" in summary:  # CPU: peak host RSS of rank 0

@@ -247,6 +247,12 @@ def validate(cfg: Config) -> None:
             f"model.lora.quantize={m.lora.quantize} stores the frozen base of LoRA's adapted "
             "layers: give model.lora.rank > 0 too (QLoRA), or model.lora.quantize: none"
         )
+    if m.lora.quantize != "none" and cfg.precision.mode == "fp16":
+        raise UserError(
+            f"model.lora.quantize={m.lora.quantize} computes in bf16 or fp32: its 4-bit base is "
+            "stored in bf16 words that fp16 compute would convert; use precision.mode: bf16 "
+            "(or auto)"
+        )
     p = cfg.parallel
     if (p.activation_checkpointing == "first_k") != (p.ac_blocks is not None):
         raise UserError(

@@ -112,11 +112,14 @@ def full_param(
     init_param_: Callable[[str, torch.Tensor, torch.Generator], None],
     weights: Callable[[str], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """One parameter's full fp32 value: from disk, or generated from its own name-derived seed
-    (also when ``weights`` answers None: not on disk, e.g. a LoRA adapter)."""
+    """One parameter's full value: from disk in the dtype it was read in (so a copy into a
+    parameter of that dtype keeps its bits: a QLoRA base's NF4 words), or generated in fp32 from
+    its own name-derived seed (also when ``weights`` answers None: not on disk, e.g. a LoRA
+    adapter)."""
     bare = strip_wrapper_names(name)
-    full = torch.empty(tuple(shape), dtype=torch.float32, device=device)
     loaded = weights(bare) if weights is not None else None
+    dtype = loaded.dtype if loaded is not None else torch.float32
+    full = torch.empty(tuple(shape), dtype=dtype, device=device)
     if loaded is not None:
         full.copy_(loaded)
     else:

@@ -77,7 +77,7 @@ def _accumulate_grad_w(grad_w: torch.Tensor, g: torch.Tensor, hc: torch.Tensor) 
     gradients would overflow to inf past 65,504)."""
     if grad_w.is_cuda and g.dtype in (torch.bfloat16, torch.float16):
         return torch.ops.aten.addmm.dtype(grad_w, g.t(), hc.to(g.dtype), torch.float32)
-    return grad_w.addmm_(g.t().float(), hc.float())
+    return grad_w.add_(torch.matmul(g.t().float(), hc.float()))
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

@@ -6,14 +6,20 @@ quantised to int8 in blocks of 256 with one bf16 factor each. A weight of N elem
 N/2 bytes of codes (two 4-bit indices into the 16 NF4 levels per byte), N/64 int8 scales and
 N/16384 factors: 0.516 bytes per weight, against 2 in bf16.
 
-zerofit keeps those four pieces as plain tensors (``NF4Weight``: ``codes`` uint8, ``scales`` int8,
-``factors`` and ``mean`` bf16), not as torchao's tensor subclass, so that every engine treats them
-as ordinary frozen parameters: FSDP2 shards them over the ranks and all-gathers them in their
-4-bit form (0.5 bytes per weight on the wire; non-float parameters are never cast), checkpoints
-save and load them, and a run resumes on another engine or world size like any other. This is
-bitsandbytes' "quant_storage" idea (FSDP shards a 4-bit weight stored in an ordinary dtype) with
-torchao's numbers. ``dequantize`` rebuilds the weight, bit for bit what torchao's
-``get_original_weight`` gives (tests/test_nf4.py), in plain torch ops that ``torch.compile`` fuses.
+zerofit keeps those four pieces as plain tensors (``NF4Weight``: ``codes``, ``scales``, ``factors``
+and ``mean``), not as torchao's tensor subclass, so that every engine treats them as ordinary
+frozen parameters: FSDP2 shards them over the ranks and all-gathers them in their 4-bit form (0.5
+bytes per weight on the wire), checkpoints save and load them, and a run resumes on another engine
+or world size like any other. All four are stored as bf16 words: the codes' and scales' bytes
+viewed two to a bf16 (``STORAGE``), the factors and mean as the bf16 values they are. That is
+bitsandbytes' "quant_storage" idea (FSDP shards a 4-bit weight stored in a float dtype) with
+torchao's numbers, and it is needed: FSDP2 before torch 2.12 cannot hold an integer parameter
+(it makes every sharded parameter require grad). Nothing may convert the words (a cast would
+change the bits): the engines store frozen weights in the compute dtype except these, FSDP2 does
+not cast a parameter already in its ``param_dtype``, and an fp32 run shards without a cast at
+all; fp16 compute is refused (it would cast them). ``dequantize`` rebuilds the weight, bit for bit
+what torchao's ``get_original_weight`` gives (tests/test_nf4.py), in plain torch ops that
+``torch.compile`` fuses.
 
 ``nf4_linear`` computes ``x @ W.T`` with W rebuilt in the input's dtype in forward and again in
 backward (nothing of W's size is kept between them), and gives no gradient to the base.
@@ -34,6 +40,8 @@ BLOCK = 64  # weights per absmax scale
 SCALER_BLOCK = 256  # scales per int8 factor
 QUANTUM = BLOCK * SCALER_BLOCK  # a weight's element count must be a multiple of this
 PIECES = ("codes", "scales", "factors", "mean")
+STORAGE = torch.bfloat16  # every piece's dtype: the codes' and scales' bytes two to a word
+BITS = {"codes": torch.uint8, "scales": torch.int8}  # what those words hold
 # torchao's 16 NF4 levels (QLoRA's quantiles of N(0, 1), scaled to [-1, 1]), read in bf16
 LEVELS = (
     -1.0, -0.6962, -0.5251, -0.3949, -0.2844, -0.1848, -0.0911, 0.0,
@@ -47,22 +55,29 @@ def quantizable(shape: tuple[int, ...] | torch.Size) -> bool:
 
 
 def piece_shapes(shape: tuple[int, ...] | torch.Size) -> dict[str, tuple[int, ...]]:
+    """Each piece's shape in bf16 words: N/2 code bytes and N/64 scale bytes, two to a word."""
     n = math.prod(shape)
-    return {"codes": (n // 2,), "scales": (n // BLOCK,), "factors": (n // QUANTUM,), "mean": (1,)}
+    return {"codes": (n // 4,), "scales": (n // 128,), "factors": (n // QUANTUM,), "mean": (1,)}
 
 
 def piece_dtypes() -> dict[str, torch.dtype]:
-    return {
-        "codes": torch.uint8,
-        "scales": torch.int8,
-        "factors": torch.bfloat16,
-        "mean": torch.bfloat16,
-    }
+    return dict.fromkeys(PIECES, STORAGE)
+
+
+def as_words(pieces: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Pieces as stored: codes (uint8) and scales (int8) viewed as bf16 words."""
+    return {n: t.view(STORAGE) if n in BITS else t.to(STORAGE) for n, t in pieces.items()}
+
+
+def as_bits(pieces: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Stored pieces with the codes and scales viewed back as their bytes (as given if already)."""
+    return {n: t.view(BITS[n]) if n in BITS else t for n, t in pieces.items()}
 
 
 @torch.no_grad()
 def quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The NF4 pieces of a 2-D weight, quantised from its bf16 value by torchao."""
+    """The NF4 pieces of a 2-D weight as stored (bf16 words), quantised from its bf16 value by
+    torchao."""
     try:
         from torchao.quantization import to_nf4  # optional dependency (the `qlora` extra)
     except ImportError:
@@ -71,28 +86,42 @@ def quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
             "pip install 'zerofit[qlora]'"
         ) from None
     q = to_nf4(weight.detach().to(torch.bfloat16).contiguous(), BLOCK, SCALER_BLOCK)
-    return {
-        "codes": q.quantized_data.reshape(-1),
-        "scales": q.quantized_scalers.reshape(-1),
-        "factors": q.quantization_factor.reshape(-1).to(torch.bfloat16),
-        "mean": q.scaler_mean.reshape(1).to(torch.bfloat16),
-    }
+    return as_words(
+        {
+            "codes": q.quantized_data.reshape(-1).contiguous(),
+            "scales": q.quantized_scalers.reshape(-1).contiguous(),
+            "factors": q.quantization_factor.reshape(-1),
+            "mean": q.scaler_mean.reshape(1),
+        }
+    )
+
+
+def _bf16(x: torch.Tensor) -> torch.Tensor:
+    """Finite fp32 `x` rounded to the nearest bf16 (ties to even), kept in fp32: an eager bf16
+    operation's result. Done on the bits: ``torch.compile`` drops a ``.to(bf16).float()`` pair
+    inside a fused kernel, and the weights would then differ from torchao's in the last bit."""
+    bits = x.view(torch.int32)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # add half an ulp (ties to even), cut
+    return bits.view(torch.float32)
 
 
 def dequantize(
     pieces: dict[str, torch.Tensor], shape: tuple[int, ...] | torch.Size, dtype: torch.dtype
 ) -> torch.Tensor:
-    """The weight the pieces hold, in `dtype` (its bf16 value, then cast)."""
-    codes, scales = pieces["codes"], pieces["scales"]
-    factors = pieces["factors"].to(torch.bfloat16)
-    mean = pieces["mean"].to(torch.bfloat16)
-    levels = torch.tensor(LEVELS, dtype=torch.bfloat16, device=codes.device)
-    block_scale = (scales.view(-1, SCALER_BLOCK) / factors.unsqueeze(-1)).flatten() + mean
+    """The weight the pieces (stored or as bytes) hold, in `dtype` (its bf16 value, then cast).
+
+    torchao's bf16 steps (scale / factor, + mean, level x scale), each in fp32 and rounded to bf16
+    as eager bf16 arithmetic does: the same bits eager and compiled."""
+    bits = as_bits(pieces)
+    codes, scales = bits["codes"], bits["scales"]
+    factors = bits["factors"].float().unsqueeze(-1)
+    levels = torch.tensor(LEVELS, dtype=torch.bfloat16, device=codes.device).float()
+    ratio = _bf16(scales.view(-1, SCALER_BLOCK).float() / factors).flatten()
+    per_block = _bf16(ratio + bits["mean"].float()).unsqueeze(-1)
     high = levels[(codes >> 4).long()].view(-1, BLOCK // 2)
     low = levels[(codes & 0x0F).long()].view(-1, BLOCK // 2)
-    per_block = block_scale.unsqueeze(-1)
     out = torch.stack([high * per_block, low * per_block], dim=-1)  # codes hold pairs in order
-    return out.reshape(shape).to(dtype)
+    return out.reshape(shape).to(torch.bfloat16).to(dtype)
 
 
 class NF4Weight(nn.Module):

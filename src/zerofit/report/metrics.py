@@ -23,19 +23,24 @@ def peak_flops(device: torch.device) -> float | None:
     return peak_flops_named(torch.cuda.get_device_name(device))
 
 
+def host_rss_gib() -> float:
+    """This process's peak resident host memory so far, GiB."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss * (1 if sys.platform != "darwin" else 1 / 1024) / 2**20
+
+
 def memory_stats(device: torch.device) -> dict[str, float]:
-    """Peak GPU allocated/reserved GiB and the caching allocator's retries so far (each a cudaMalloc
-    that failed, freed the cache and synchronized: a run that slows near the card's limit), or
-    peak host RSS GiB on CPU."""
+    """Peak GPU allocated/reserved GiB, the caching allocator's retries so far (each a cudaMalloc
+    that failed, freed the cache and synchronized: a run that slows near the card's limit) and
+    peak host RSS (loading is where it peaks); on CPU, peak host RSS GiB as the run's memory."""
     if device.type == "cuda":
         return {
             "mem_alloc_gib": torch.cuda.max_memory_allocated(device) / 2**30,
             "mem_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
             "alloc_retries": torch.cuda.memory_stats(device).get("num_alloc_retries", 0),
+            "host_rss_gib": host_rss_gib(),
         }
-    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    scale = 1 if sys.platform != "darwin" else 1 / 1024
-    return {"mem_rss_gib": rss_kib * scale / 2**20}
+    return {"mem_rss_gib": host_rss_gib()}
 
 
 class Throughput:

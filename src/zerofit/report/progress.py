@@ -102,8 +102,9 @@ def summary_table(summary: dict[str, Any]) -> Table:
                 f"{summary['mem_alloc_gib']:.2f} GiB allocated, {summary['mem_reserved_gib']:.2f} reserved",
             )
         )
-    elif "mem_rss_gib" in summary:
-        rows.append(("peak host RSS (rank 0)", f"{summary['mem_rss_gib']:.2f} GiB"))
+    rss = summary.get("mem_rss_gib", summary.get("host_rss_gib"))
+    if rss is not None:
+        rows.append(("peak host RSS (rank 0)", f"{rss:.2f} GiB"))
     rows += [
         ("ranks", str(summary.get("world_size", "?"))),
         ("wall time", f"{summary.get('wall_time_s', 0):.1f} s"),

@@ -31,9 +31,12 @@ def apply_fsdp(
 
     `prefetch` > 0 (block wrap): each block explicitly prefetches the all-gathers of the next
     `prefetch` blocks in forward and the previous ones in backward (torchtitan's knob)."""
+    # fp32 compute: no cast at all (every float parameter is fp32 already but a QLoRA base's NF4
+    # words, which a cast would change; a param_dtype of fp32 would convert them)
+    cast_to = None if param_dtype == torch.float32 else param_dtype
     kwargs = {
         "mesh": mesh,
-        "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+        "mp_policy": MixedPrecisionPolicy(param_dtype=cast_to, reduce_dtype=reduce_dtype),
         "offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
         if cpu_offload
         else OffloadPolicy(),
