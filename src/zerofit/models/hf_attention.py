@@ -97,6 +97,16 @@ def doc_bounds(positions: torch.Tensor | None, batch: int, seq: int, device: tor
     return torch.cat([idx, end]).to(torch.int32), seq
 
 
+def prime(device: torch.device) -> None:
+    """Fill the memos the attention reads inside the compiled blocks, before the first block runs
+    (the model's forward calls this): their first write, made inside an activation-checkpointed
+    compiled block, is a side effect Dynamo refuses ("HOP: Unsafe side effect")."""
+    _flash_capable(device)
+    fn = _varlen()
+    if fn is not None:
+        _params(fn)
+
+
 def _params(fn: Any) -> frozenset[str]:
     """The keyword names ``fn`` takes (read once, not in every layer's call)."""
     if fn not in _PARAMS:

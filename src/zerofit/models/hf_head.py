@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zerofit.models.hf_attention import CU_KEY, MAX_KEY, doc_bounds, runs_varlen
+from zerofit.models.hf_attention import CU_KEY, MAX_KEY, doc_bounds, prime, runs_varlen
 from zerofit.models.hf_attention import NAME as VARLEN
 from zerofit.models.loss import LMHead, cross_entropy
 
@@ -79,5 +79,6 @@ class HFCausalLM(nn.Module):
         """With ``zerofit_varlen`` on CUDA: the documents' bounds, computed once for every layer."""
         if not (self.varlen and runs_varlen(tokens.device)):
             return {}
+        prime(tokens.device)
         cu, longest = doc_bounds(positions, tokens.shape[0], tokens.shape[1], tokens.device)
         return {CU_KEY: cu, MAX_KEY: longest}
