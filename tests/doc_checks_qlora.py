@@ -1,0 +1,90 @@
+"""test_doc_figures' checks for docs/benchmarks/2026-12-05-qlora-h200.md (issue 26, QLoRA: the
+first H200 calls): each table cell from the raw data of the call it names."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from doc_checks_speed2 import _load
+
+DOC = "docs/benchmarks/2026-12-05-qlora-h200.md"
+Q = "2026-12-05-qlora-h200/"
+FORMATS, CALL1 = Q + "call1/nf4-formats-8b.json", Q + "call1/all-results.json"
+ZF_1B, CALL2_8B = Q + "call2/1b-zerofit-results.json", Q + "call2/8b-all-results.json"
+PLAN_8B, PLAN_70B = Q + "plans/plan-8b-23gib-h200.json", Q + "plans/plan-70b-1xh200.json"
+PLAN_2X4090, PLAN_1B = Q + "plans/plan-70b-2x4090.json", Q + "plans/plan-1b-4x2-h200.json"
+
+
+def formats() -> dict[str, list]:
+    rows = _load(FORMATS)["formats"]
+    return {
+        name: [r["bytes_per_weight"], 100 * r["mean_abs_error_rel"], r["rebuild_ms"]]
+        for name, r in rows.items()
+    }
+
+
+def _stock(r: dict, call: str) -> list:
+    return [r["real_tokens_per_s"], r["peak_allocated_gib"], r["built_gib"], call]
+
+
+def stock_8b() -> dict[str, list]:
+    c2 = _load(CALL2_8B)
+    return {
+        "stock + Liger, eager": _stock(c2["8b-qlora-stock-liger"], "2"),
+        "stock + Liger, compiled": _stock(c2["8b-qlora-stock-liger-compile"], "2"),
+    }
+
+
+def one_b() -> dict[str, list]:
+    stock = _load(CALL1)["1b-qlora-stock-liger"]
+    zf = _load(ZF_1B)["results"][0]
+    return {
+        "stock + Liger, eager": [stock["real_tokens_per_s"], stock["peak_allocated_gib"], "1"],
+        "zerofit, compiled": [zf["real_tokens_per_s"], zf["mem_alloc_gib"], "2"],
+    }
+
+
+def _recommended(rel: str) -> dict:
+    plan = _load(rel)
+    return next(o for o in plan["options"] if o["strategy"] == plan["recommendation"])
+
+
+def forecasts() -> dict[str, list]:
+    out = {}
+    for label, rel in (
+        ("8B, one H200 capped at 23 GiB", PLAN_8B),
+        ("70B, one H200", PLAN_70B),
+        ("70B, 2x RTX 4090", PLAN_2X4090),
+    ):
+        o = _recommended(rel)
+        split = f"{o['micro_batch_size']} x {o['grad_accum_steps']}"
+        out[label] = [
+            o["strategy"],
+            split,
+            o["peak_allocated_gib"],
+            o["host_gib_per_gpu"],
+            o["tokens_per_s"],
+        ]
+    return out
+
+
+def heldout_1b() -> list[str]:
+    plan = next(o for o in _load(PLAN_1B)["options"] if o["strategy"] == "FSDP full-shard")
+    zf = _load(ZF_1B)["results"][0]
+    mem, tps = plan["peak_allocated_gib"], plan["tokens_per_s"]
+    return [
+        f"forecasts {mem:.1f} GiB peak allocated against {zf['mem_alloc_gib']:.1f} GiB measured "
+        f"({100 * (mem / zf['mem_alloc_gib'] - 1):.0f}% over)",
+        f"{tps:,.0f} tokens/s against {zf['tokens_per_s']:,.0f} "
+        f"({100 * (tps / zf['tokens_per_s'] - 1):.0f}% over)",
+    ]
+
+
+QLORA: dict[str, tuple[list[str], Callable[[], Any], int]] = {
+    "qlora-formats": ([FORMATS], formats, 1),
+    "qlora-8b-stock": ([CALL2_8B], stock_8b, 1),
+    "qlora-1b": ([CALL1, ZF_1B], one_b, 1),
+    "qlora-forecasts": ([PLAN_8B, PLAN_70B, PLAN_2X4090], forecasts, 1),
+    "qlora-1b-heldout": ([PLAN_1B, ZF_1B], heldout_1b, 1),
+}
