@@ -118,8 +118,8 @@ def dequantize(
     ratio = _bf16(scales.view(-1, SCALER_BLOCK).float() / factors).flatten()
     per_block = _bf16(ratio + bits["mean"].float()).unsqueeze(-1)
     pairs = _pair_table(codes.device)[codes.long()]  # a byte's two levels, in order: [N/2, 2]
-    out = pairs.view(-1, BLOCK) * per_block
-    return out.reshape(shape).to(torch.bfloat16).to(dtype)
+    out = _bf16(pairs.view(-1, BLOCK) * per_block)  # exact in fp32, then rounded once
+    return out.reshape(shape).to(dtype)
 
 
 def _pair_table(device: torch.device) -> torch.Tensor:
