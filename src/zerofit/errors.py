@@ -10,6 +10,11 @@ class UserError(Exception):
     """A problem with what the user gave us (file, config, flags). Never a bug in zerofit."""
 
 
+class UnsafeCheckpointError(UserError):
+    """A checkpoint file that is damaged or asks to run code: refused before anything ran
+    (``zerofit.checkpoint.safe_load``)."""
+
+
 class RunStopped(Exception):
     """The run stopped deliberately; ``str(e)`` is the line to print, ``code`` the exit status.
 

@@ -21,11 +21,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from torch.distributed.checkpoint.api import CheckpointException
-
 from zerofit.checkpoint import manifest, rank_state
-from zerofit.checkpoint.safe_load import UnsafeCheckpointError
-from zerofit.errors import UserError
+from zerofit.errors import UnsafeCheckpointError, UserError
 from zerofit.faults.report import describe_os_error, find_os_error
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -122,8 +119,12 @@ def select_checkpoint(root: Path) -> tuple[Path, dict[str, Any], list[str]]:
     raise UserError(f"--resume: no complete checkpoint under {root}")
 
 
-# What a failed write raises: OSError, or DCP's CheckpointException wrapping one per rank.
-WRITE_ERRORS: tuple[type[BaseException], ...] = (OSError, CheckpointException)
+def write_errors() -> tuple[type[BaseException], ...]:
+    """What a failed write raises: OSError, or DCP's CheckpointException wrapping one per rank."""
+    # local: DCP takes ~1 s to import; the launcher reads checkpoints and never writes one
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (OSError, CheckpointException)
 
 
 class SaveFailed(Exception):
@@ -160,14 +161,14 @@ def save_checkpoint(
 ) -> Path:
     """Collective: every rank calls it. Returns the final directory.
 
-    A write that fails (WRITE_ERRORS: a full disk, no permission, an I/O error) raises on the
+    A write that fails (``write_errors()``: a full disk, no permission, an I/O error) raises on the
     rank that met it; rank 0 removes the partial ``.tmp`` directory, so the previous checkpoint
     stays the newest complete one."""
     final = step_dir(root, step)
     tmp = final.with_name(final.name + ".tmp")
     try:
         _save(backend, root, step, rank_data, meta, keep_last, final, tmp)
-    except WRITE_ERRORS as e:
+    except write_errors() as e:
         reason = write_failure(e, tmp)  # before the cleanup frees the space it ran out of
         if backend.ctx.is_main:
             shutil.rmtree(tmp, ignore_errors=True)

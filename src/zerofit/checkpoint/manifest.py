@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from zerofit.checkpoint.safe_load import UnsafeCheckpointError
+from zerofit.errors import UnsafeCheckpointError
 
 MANIFEST = "manifest.json"
 BLOCK = 256 * 2**20  # bytes hashed as one unit (one thread)

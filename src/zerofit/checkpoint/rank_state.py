@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zerofit.checkpoint.safe_load import UnsafeCheckpointError
+from zerofit.errors import UnsafeCheckpointError
 
 
 def _b64(t: torch.Tensor) -> str:

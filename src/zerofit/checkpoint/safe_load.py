@@ -27,13 +27,8 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 
-from zerofit.errors import UserError
+from zerofit.errors import UnsafeCheckpointError
 from zerofit.report import quiet
-
-
-class UnsafeCheckpointError(UserError):
-    """A checkpoint file that is damaged or asks to run code: refused before anything ran."""
-
 
 _DCP_CLASSES = {
     ("torch.distributed.checkpoint.metadata", n)

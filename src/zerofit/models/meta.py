@@ -2,7 +2,9 @@
 
 ``meta_params()`` lets us build a 70B model's structure in milliseconds without memory; buffers
 (e.g. Hugging Face rotary ``inv_freq``) are small and often computed in ``__init__`` and never saved,
-so they are kept on CPU with their real values.
+so they are kept on CPU with their real values. Initialisers that a module's ``__init__`` runs on
+its parameters do nothing there (a meta tensor holds no values; the real ones come from
+``ModelSpec.init_param_`` when the parameters are allocated).
 
 Beware: ``nn.Module.to_empty()`` replaces buffers too (with uninitialised memory). Use
 ``allocate_()`` below, or copy the buffers back yourself, after ``to_empty``.
@@ -15,6 +17,29 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+
+
+class _SkipMetaInit(TorchFunctionMode):
+    """``nn.init.*_`` and ``Tensor.normal_`` on a meta tensor return it as it is: there is nothing
+    to fill. Run, the meta kernel of ``normal_`` is a Python reference whose first call imports
+    torch._dynamo (~0.5 s of every process that builds a model: the launcher and each worker)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        target = args[0] if args else kwargs.get("tensor")
+        if isinstance(target, torch.Tensor) and target.is_meta and _is_init(func):
+            return target
+        return func(*args, **kwargs)
+
+
+def _is_init(func: object) -> bool:
+    """An in-place initialiser: ``Tensor.normal_``, or one of ``torch.nn.init``'s (``normal_``,
+    ``kaiming_uniform_``, ...), which hand themselves to a torch function mode whole."""
+    if func is torch.Tensor.normal_:
+        return True
+    name = getattr(func, "__name__", "")
+    return getattr(func, "__module__", None) == nn.init.__name__ and name.endswith("_")
 
 
 @contextmanager
@@ -22,7 +47,8 @@ def meta_params() -> Iterator[None]:
     """While active, every parameter registered on any module is moved to the meta device.
 
     The Parameter class, its ``requires_grad`` and any attributes in its ``__dict__`` are kept.
-    Buffers are untouched (they stay where they were created, normally CPU).
+    Buffers are untouched (they stay where they were created, normally CPU). Initialisers run on
+    a meta parameter do nothing (``_SkipMetaInit``).
     """
     original = nn.Module.register_parameter
 
@@ -37,7 +63,8 @@ def meta_params() -> Iterator[None]:
 
     nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign]
     try:
-        yield
+        with _SkipMetaInit():
+            yield
     finally:
         nn.Module.register_parameter = original  # type: ignore[method-assign]
 
