@@ -31,10 +31,14 @@ class Adapters:
     block_quantized: int = 0  # of which in the largest decoder block
     largest_quantized: int = 0  # elements of the largest NF4 weight (rebuilt while it runs)
 
-    def activation_bytes(self, tokens: int, e_c: int) -> float:
+    def activation_bytes(self, tokens: int, e_c: int, compiled: bool = False) -> float:
         """What the adapters add to one block's saved activations: A's output (B's input) per
-        adapted layer, and with dropout, the dropped input and its mask."""
-        return tokens * (self.per_block * self.rank * e_c + self.block_inputs * (e_c + 1))
+        adapted layer, and with dropout the dropped input, eager with its mask too (compiled,
+        Inductor keeps the dropped input alone: fitted on the 2026-12-05 H200 QLoRA 1B run,
+        19.35 GiB measured against 22.1 forecast with the mask; docs/benchmarks/
+        2026-12-05-qlora-h200.md checks it on held-out runs)."""
+        dropped = self.block_inputs * (e_c if compiled else e_c + 1)
+        return tokens * (self.per_block * self.rank * e_c + dropped)
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,10 @@ from zerofit.planner.plan import (
     batch_splits,
     left_out,
     option_fields,
-    option_json,
     plan,
     recommend,
-    to_json,
 )
+from zerofit.planner.plan_json import option_json, to_json
 from zerofit.planner.shape import (
     Hardware,
     detect_hardware,
