@@ -10,7 +10,7 @@
 #   compiled, at the recipe's global batch (STOCK_MB sets stock's micro-batch x accumulation);
 #   fast-lora also runs zerofit eager and compiled without model.lean_ops at stock's split.
 #   issue 26's PHASEs: qlora-probe (1B) | qlora-8b (LIMIT GiB per GPU, default 23: a 24 GB card)
-#   | qlora-70b (zerofit alone, the whole card): see qlora_* below.
+#   | qlora-70b (zerofit alone, the whole card) | qlora-ac-probe (1B): see qlora_* below.
 # FIXTURE is what `python benchmarks/sft_fixture.py FIXTURE` made (model-1b, model-8b, chat.jsonl).
 # Each zerofit variant runs under `zerofit bench` (own processes, median step time after warm-up);
 # each stock run under torchrun. Needs zerofit, peft and pydantic importable (docs/benchmarks/).
@@ -127,6 +127,16 @@ qlora_8b() {  # a 24 GB card rehearsed: both stacks capped at LIMIT GiB, the rec
     stock 8b-qlora-stock-liger 200 $qlora $m8 $split --liger --qlora --memory-limit-gib "$lim"
   fi
 }
+qlora_ac_probe() {  # the 8B QLoRA OOM of 2026-12-05 (call 5): does checkpointing free a QLoRA
+  # block's activations on the GPU, compiled and eager, 4-bit and bf16 base? 1B, peak memory
+  local split="train.micro_batch_size=4 train.grad_accum_steps=1 parallel.backend=fsdp"
+  # shellcheck disable=SC2086
+  zerofit 1b-qlora-ac-probe 400 $qlora $m1 $split \
+    --variant "compiled, no AC: parallel.compile=true parallel.activation_checkpointing=none" \
+    --variant "compiled, full AC: parallel.compile=true parallel.activation_checkpointing=full" \
+    --variant "eager, full AC: parallel.compile=false parallel.activation_checkpointing=full" \
+    --variant "compiled, full AC, bf16 base: parallel.compile=true parallel.activation_checkpointing=full model.lora.quantize=none"
+}
 qlora_70b() {  # the whole card; fewer rows per step than the recipe (device time)
   zerofit 70b-qlora-zerofit 540 $qlora $m70 train.micro_batch_size=4 train.grad_accum_steps=1 \
     --variant "recipe defaults at 4 x 1: log.every=1000"
@@ -136,6 +146,7 @@ case $phase in
 qlora-probe) qlora_probe ;;
 qlora-8b) qlora_8b ;;
 qlora-70b) qlora_70b ;;
+qlora-ac-probe) qlora_ac_probe ;;
 fast-lora) fast_lora ;;
 fast-1b) fast 1b $full $m1 ${STOCK_MB:-train.micro_batch_size=8 train.grad_accum_steps=2 parallel.activation_checkpointing=none} ;;
 fast-8b) fast 8b $full $m8 ${STOCK_MB:-train.micro_batch_size=2 train.grad_accum_steps=8 parallel.activation_checkpointing=full} ;;

@@ -14,6 +14,7 @@ FORMATS, CALL1 = Q + "call1/nf4-formats-8b.json", Q + "call1/all-results.json"
 ZF_1B, CALL2_8B = Q + "call2/1b-zerofit-results.json", Q + "call2/8b-all-results.json"
 PLAN_8B, PLAN_70B = Q + "plans/plan-8b-23gib-h200.json", Q + "plans/plan-70b-1xh200.json"
 PLAN_2X4090, PLAN_1B = Q + "plans/plan-70b-2x4090.json", Q + "plans/plan-1b-4x2-h200.json"
+QUALITY, CALL4_8B = Q + "call3-h100/quality.json", Q + "call4-h100/8b-all-results.json"
 
 
 def formats() -> dict[str, list]:
@@ -81,10 +82,33 @@ def heldout_1b() -> list[str]:
     ]
 
 
+def quality() -> dict[str, list]:
+    q = _load(QUALITY)
+    lora, qlora = q["lora_eval_loss"], q["qlora_eval_loss"]
+    return {step: [lora[step], qlora[step], 100 * (qlora[step] / lora[step] - 1)] for step in lora}
+
+
+def h100_8b() -> dict[str, list]:
+    calls = _load(CALL4_8B)
+    stock = calls["8b-qlora-stock-liger-compile"]
+    zf = {r["name"]: r for r in calls["8b-qlora-zerofit"]["results"]}
+    rows = {
+        "stock + Liger, compiled": ["ok", stock["real_tokens_per_s"], stock["peak_allocated_gib"]]
+    }
+    for label, name in (
+        ("zerofit, recipe defaults", "recipe defaults"),
+        ("zerofit, fsdp + full AC as stock", "fsdp, full AC as stock"),
+    ):
+        rows[label] = [zf[name]["status"], "-", "-"]
+    return rows
+
+
 QLORA: dict[str, tuple[list[str], Callable[[], Any], int]] = {
     "qlora-formats": ([FORMATS], formats, 1),
     "qlora-8b-stock": ([CALL2_8B], stock_8b, 1),
     "qlora-1b": ([CALL1, ZF_1B], one_b, 1),
     "qlora-forecasts": ([PLAN_8B, PLAN_70B, PLAN_2X4090], forecasts, 1),
     "qlora-1b-heldout": ([PLAN_1B, ZF_1B], heldout_1b, 1),
+    "qlora-quality": ([QUALITY], quality, 1),
+    "qlora-8b-h100": ([CALL4_8B], h100_8b, 1),
 }

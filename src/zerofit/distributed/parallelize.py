@@ -72,8 +72,24 @@ def apply_compile(blocks: nn.ModuleList) -> None:
     """torch.compile each block separately: one graph per block, reused across identical blocks.
     The fused output layer's per-chunk softmax and gradient are compiled too (`models.loss`)."""
     loss.COMPILE_CHUNKS = True
+    _replay_free_side_effects(blocks)
     for i, block in enumerate(list(blocks)):
         blocks[i] = torch.compile(block, fullgraph=True)
+
+
+def _replay_free_side_effects(blocks: nn.ModuleList) -> None:
+    """Checkpointed blocks compiled: Dynamo refuses a forward that writes state outside the block
+    ("HOP: Unsafe side effect"), because recomputation would write it again. The writes a
+    Hugging Face block makes are set-and-restore bookkeeping (the `kernels` package's context
+    variable around a hub-kernel layer's forward, transformers 5.25 with kernels 0.19): replaying
+    them or not leaves the same state, so Dynamo is told not to replay them."""
+    if not any(hasattr(block, "_checkpoint_wrapped_module") for block in blocks):
+        return
+    # deferred: torch._dynamo takes ~1 s to import; only a compiled run gets here
+    import torch._dynamo.config as dynamo_config
+
+    if hasattr(dynamo_config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
+        dynamo_config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
 
 
 def apply_compile_forward(blocks: nn.ModuleList) -> None:
