@@ -49,7 +49,14 @@ def _grads(compiled: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     return out.detach(), [p.grad for p in model.parameters() if p.grad is not None]
 
 
-def test_a_checkpointed_hf_layer_trains_compiled_as_eager() -> None:
+def test_a_checkpointed_hf_layer_trains_compiled_as_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._dynamo.config as dynamo_config  # apply_compile sets these process-wide
+
+    from zerofit.models import loss
+
+    monkeypatch.setattr(loss, "COMPILE_CHUNKS", loss.COMPILE_CHUNKS)
+    flag = "skip_fwd_side_effects_in_bwd_under_checkpoint"
+    monkeypatch.setattr(dynamo_config, flag, getattr(dynamo_config, flag, False), raising=False)
     out, grads = _grads(compiled=True)
     want_out, want_grads = _grads(compiled=False)
     torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-5)
