@@ -35,8 +35,8 @@ class Adapters:
         """What the adapters add to one block's saved activations: A's output (B's input) per
         adapted layer, and with dropout the dropped input, eager with its mask too (compiled,
         Inductor keeps the dropped input alone: fitted on the 2026-12-05 H200 QLoRA 1B run,
-        19.35 GiB measured against 22.1 forecast with the mask; docs/benchmarks/
-        2026-12-05-qlora-h200.md checks it on held-out runs)."""
+        19.35 GiB measured against 22.1 forecast with the mask; in-sample there, not yet
+        checked on a held-out run: docs/benchmarks/2026-12-05-qlora-h200.md)."""
         dropped = self.block_inputs * (e_c if compiled else e_c + 1)
         return tokens * (self.per_block * self.rank * e_c + dropped)
 

@@ -77,13 +77,18 @@ def apply_compile(blocks: nn.ModuleList) -> None:
         blocks[i] = torch.compile(block, fullgraph=True)
 
 
+def _checkpointed(blocks: nn.ModuleList) -> bool:
+    """Whether `apply_ac` wrapped any of `blocks`."""
+    return any(hasattr(block, "_checkpoint_wrapped_module") for block in blocks)
+
+
 def _replay_free_side_effects(blocks: nn.ModuleList) -> None:
     """Checkpointed blocks compiled: Dynamo refuses a forward that writes state outside the block
     ("HOP: Unsafe side effect"), because recomputation would write it again. The writes a
     Hugging Face block makes are set-and-restore bookkeeping (the `kernels` package's context
     variable around a hub-kernel layer's forward, transformers 5.25 with kernels 0.19): replaying
     them or not leaves the same state, so Dynamo is told not to replay them."""
-    if not any(hasattr(block, "_checkpoint_wrapped_module") for block in blocks):
+    if not _checkpointed(blocks):
         return
     # deferred: torch._dynamo takes ~1 s to import; only a compiled run gets here
     import torch._dynamo.config as dynamo_config
@@ -107,8 +112,7 @@ def apply_compile_forward(blocks: nn.ModuleList) -> None:
     for name in ("recompile_limit", "cache_size_limit"):  # renamed in recent PyTorch
         if hasattr(dynamo_config, name):
             setattr(dynamo_config, name, max(getattr(dynamo_config, name), limit))
-    wrapped = any(hasattr(block, "_checkpoint_wrapped_module") for block in blocks)
-    if wrapped and torch.cuda.is_available():
+    if _checkpointed(blocks) and torch.cuda.is_available():
         # A compiled region inside activation checkpointing fails on torch 2.11 while CUDA
         # allocations are recorded (pytorch/pytorch#179536, whose repro records them; ZeRO-3 + AC
         # + compile on the H200, 2026-12-03): such a run records none (an OOM report then has
