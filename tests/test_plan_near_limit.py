@@ -12,7 +12,7 @@ from zerofit.launch.run_config import config_from_dict
 from zerofit.models.shape import shape_from_preset
 from zerofit.planner.adapters import estimated_adapters
 from zerofit.planner.memory import workload_for
-from zerofit.planner.plan import OFFLOAD_TIE, _without_offload_first, near_limit, plan, recommend
+from zerofit.planner.plan import OFFLOAD_TIE, near_limit, plan, recommend, without_offload_first
 from zerofit.planner.shape import Hardware
 
 # The llama3-8b preset, fp32 master weights and AdamW states (16 B per parameter, ~120 GiB),
@@ -63,5 +63,5 @@ def test_a_close_option_without_offload_leads_one_that_offloads() -> None:
     assert quickest.memory.host > 0  # the case the rule is for
     assert best.speed.step_time <= quickest.speed.step_time * (1 + OFFLOAD_TIE)
     slow = [replace(o, speed=replace(o.speed, step_time=o.speed.step_time * 2)) for o in fitting]
-    reranked = _without_offload_first([quickest, *[o for o in slow if o.memory.host == 0]])
+    reranked = without_offload_first([quickest, *[o for o in slow if o.memory.host == 0]])
     assert reranked[0] is quickest

@@ -50,7 +50,7 @@ HEADROOM = 0.10  # share of GPU memory kept free (see the module docstring)
 FORECAST_ERROR = 0.04
 HOST_SHARE = 0.85  # share of host RAM usable for offload
 MAX_MICRO_BATCH = 2**20  # train.micro_batch_size and grad_accum_steps: the schema's bound
-OFFLOAD_TIE = 0.05  # see _without_offload_first
+OFFLOAD_TIE = 0.05  # see without_offload_first
 MAX_SPLITS = 32  # fitting micro-batch sizes compared per strategy variant (the largest ones)
 
 
@@ -289,10 +289,10 @@ def plan(
     else:
         opts = [fastest_split(m, w, hw, s, splits) for s in candidates(hw, base)]
     ranked = sorted(opts, key=lambda o: (not o.fits, o.speed.step_time, o.memory.peak_reserved))
-    return _without_offload_first(ranked)
+    return without_offload_first(ranked)
 
 
-def _without_offload_first(ranked: list[Option]) -> list[Option]:
+def without_offload_first(ranked: list[Option]) -> list[Option]:
     """The fastest option offloads to host RAM, and one that does not is forecast within
     OFFLOAD_TIE of it: that one leads. The roofline's speed error is larger than such a gap
     (14-51% held out, docs/benchmarks/), and offload costs host RAM and PCIe copies whose overlap
