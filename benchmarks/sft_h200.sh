@@ -130,12 +130,14 @@ qlora_8b() {  # a 24 GB card rehearsed: both stacks capped at LIMIT GiB, the rec
 qlora_ac_probe() {  # the 8B QLoRA OOM of 2026-12-05 (call 5): does checkpointing free a QLoRA
   # block's activations on the GPU, compiled and eager, 4-bit and bf16 base? 1B, peak memory
   local split="train.micro_batch_size=4 train.grad_accum_steps=1 parallel.backend=fsdp"
+  # (compiled with no AC: 19.35 GiB at this micro-batch, 2026-12-05 call 2)
   # shellcheck disable=SC2086
-  zerofit 1b-qlora-ac-probe 400 $qlora $m1 $split \
-    --variant "compiled, no AC: parallel.compile=true parallel.activation_checkpointing=none" \
+  zerofit 1b-qlora-ac-probe 110 $qlora $m1 $split \
     --variant "compiled, full AC: parallel.compile=true parallel.activation_checkpointing=full" \
     --variant "eager, full AC: parallel.compile=false parallel.activation_checkpointing=full" \
-    --variant "compiled, full AC, bf16 base: parallel.compile=true parallel.activation_checkpointing=full model.lora.quantize=none"
+    --variant "compiled, full AC, bf16 base: parallel.compile=true parallel.activation_checkpointing=full model.lora.quantize=none" \
+    --variant "compiled, full AC, no dropout: parallel.compile=true parallel.activation_checkpointing=full model.lora.dropout=0" \
+    --variant "compiled, full AC, not lean: parallel.compile=true parallel.activation_checkpointing=full model.lean_ops=false"
 }
 qlora_70b() {  # the whole card; fewer rows per step than the recipe (device time)
   zerofit 70b-qlora-zerofit 540 $qlora $m70 train.micro_batch_size=4 train.grad_accum_steps=1 \

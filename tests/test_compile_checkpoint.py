@@ -1,15 +1,20 @@
-"""Compiled blocks under activation checkpointing (`distributed.parallelize`): a Hugging Face
-decoder layer trains compiled and recomputed with eager's values. transformers 5.25 with the
-`kernels` package sets a context variable in a hub-kernel layer's forward, which Dynamo refused
-inside a checkpointed block ("HOP: Unsafe side effect")."""
+"""Compiled blocks under activation checkpointing (`distributed.parallelize`):
+- a Hugging Face decoder layer trains compiled and recomputed with eager's values. transformers
+  5.25 with the `kernels` package sets a context variable in a hub-kernel layer's forward, which
+  Dynamo refused inside a checkpointed block ("HOP: Unsafe side effect");
+- a LoRA block compiled and checkpointed keeps for backward what eager checkpointing keeps (its
+  input), no activation more. Compiled as a whole on torch 2.11, it kept nearly all of them."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 import torch
 from torch import nn
 
 from zerofit.distributed.parallelize import apply_ac, apply_compile
+from zerofit.models.lora import inject, linear_layers
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # one small Inductor compile on CPU (~20 s)
@@ -30,7 +35,8 @@ class Blocks(nn.Module):
         return x
 
 
-def _grads(compiled: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _blocks(compiled: bool, lora_dropout: float | None = None) -> Blocks:
+    """Two checkpointed layers; with `lora_dropout`, LoRA on every linear layer (base frozen)."""
     config = transformers.LlamaConfig(
         hidden_size=64,
         intermediate_size=128,
@@ -40,25 +46,79 @@ def _grads(compiled: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     )
     torch.manual_seed(0)
     model = Blocks(config)
+    if lora_dropout is not None:
+        inject(model, list(linear_layers(model)), 4, 8, lora_dropout)
+        for p in model.parameters():
+            if p.requires_grad:  # the factors, made empty: nonzero both, so both get gradients
+                torch.nn.init.normal_(p, std=0.02)
     apply_ac(model.layers, "full")
     if compiled:
         apply_compile(model.layers)
-    x = torch.randn(2, 16, 64)
+    return model
+
+
+def _grads(compiled: bool, lora: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model = _blocks(compiled, 0.0 if lora else None)
+    x = torch.randn(2, 16, 64, requires_grad=lora)
     out = model(x)
     out.square().mean().backward()
     return out.detach(), [p.grad for p in model.parameters() if p.grad is not None]
 
 
-def test_a_checkpointed_hf_layer_trains_compiled_as_eager(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch._dynamo.config as dynamo_config  # apply_compile sets these process-wide
+def _saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
+    """Bytes of the tensors a forward keeps for backward, the model's parameters not counted."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(x)
+    out.square().mean().backward()
+    return sum(kept.values())
+
+
+@pytest.fixture
+def restored_switches(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """apply_compile sets process-wide switches: put them back after the test."""
+    import torch._dynamo.config as dynamo_config  # the switches' home
 
     from zerofit.models import loss
 
     monkeypatch.setattr(loss, "COMPILE_CHUNKS", loss.COMPILE_CHUNKS)
     flag = "skip_fwd_side_effects_in_bwd_under_checkpoint"
     monkeypatch.setattr(dynamo_config, flag, getattr(dynamo_config, flag, False), raising=False)
+    limit = dynamo_config.recompile_limit  # set back by hand: monkeypatch cannot (an alias)
+    yield
+    dynamo_config.recompile_limit = limit
+
+
+@pytest.mark.usefixtures("restored_switches")
+def test_a_checkpointed_hf_layer_trains_compiled_as_eager() -> None:
     out, grads = _grads(compiled=True)
     want_out, want_grads = _grads(compiled=False)
+    torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-5)
+    assert len(grads) == len(want_grads) > 0
+    for got, want in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.usefixtures("restored_switches")
+def test_a_checkpointed_lora_block_compiled_keeps_only_what_eager_checkpointing_keeps() -> None:
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    want = _saved_bytes(_blocks(compiled=False, lora_dropout=0.1), x)
+    got = _saved_bytes(_blocks(compiled=True, lora_dropout=0.1), x)
+    assert got == want, f"compiled and checkpointed, the forward kept {got} bytes; eager {want}"
+
+
+@pytest.mark.usefixtures("restored_switches")
+def test_a_checkpointed_lora_block_trains_compiled_as_eager() -> None:
+    out, grads = _grads(compiled=True, lora=True)
+    want_out, want_grads = _grads(compiled=False, lora=True)
     torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-5)
     assert len(grads) == len(want_grads) > 0
     for got, want in zip(grads, want_grads, strict=True):
