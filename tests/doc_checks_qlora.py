@@ -15,6 +15,7 @@ ZF_1B, CALL2_8B = Q + "call2/1b-zerofit-results.json", Q + "call2/8b-all-results
 PLAN_8B, PLAN_70B = Q + "plans/plan-8b-23gib-h200.json", Q + "plans/plan-70b-1xh200.json"
 PLAN_2X4090, PLAN_1B = Q + "plans/plan-70b-2x4090.json", Q + "plans/plan-1b-4x2-h200.json"
 QUALITY, CALL4_8B = Q + "call3-h100/quality.json", Q + "call4-h100/8b-all-results.json"
+AC_211, AC_213 = Q + "cpu-ac/torch-2.11.json", Q + "cpu-ac/torch-2.13.json"
 
 
 def formats() -> dict[str, list]:
@@ -103,6 +104,11 @@ def h100_8b() -> dict[str, list]:
     return rows
 
 
+def cpu_ac() -> dict[str, list]:
+    old, new = _load(AC_211)["saved_mib"], _load(AC_213)["saved_mib"]
+    return {way: [old[way], new[way]] for way in old}
+
+
 QLORA: dict[str, tuple[list[str], Callable[[], Any], int]] = {
     "qlora-formats": ([FORMATS], formats, 1),
     "qlora-8b-stock": ([CALL2_8B], stock_8b, 1),
@@ -111,4 +117,5 @@ QLORA: dict[str, tuple[list[str], Callable[[], Any], int]] = {
     "qlora-1b-heldout": ([PLAN_1B, ZF_1B], heldout_1b, 1),
     "qlora-quality": ([QUALITY], quality, 1),
     "qlora-8b-h100": ([CALL4_8B], h100_8b, 1),
+    "qlora-ac-cpu": ([AC_211, AC_213], cpu_ac, 1),
 }
