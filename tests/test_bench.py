@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from zerofit.backends import engines
-from zerofit.bench.run import expand, measure, parse_sweep, parse_variant
+from zerofit.bench.run import Result, expand, measure, parse_sweep, parse_variant
 from zerofit.errors import UserError
 
 OWNERS = {name: eng.own_keys() for name, eng in engines().items()}
@@ -88,6 +89,15 @@ def test_measure_takes_the_median_after_warmup() -> None:
     summary["step_real_tokens"] = [1, 1, 2900, 2000, 2700, 2950]  # padded fine-tuning rows
     m = measure(summary, warmup=2)
     assert m["real_tokens_per_s"] == pytest.approx(statistics.median([2900, 1000, 1800, 29.5]))
+
+
+def test_a_gpu_runs_peak_host_rss_reaches_results_json() -> None:
+    summary = {"step_times_s": [1.0, 1.0], "world_size": 1, "tokens_per_step": 10}
+    summary |= {"flops_per_token": 1.0, "loss": 1.0, "host_rss_gib": 7.5}
+    result = Result("a", [], "fsdp", "ok")
+    for key, value in measure(summary, warmup=1).items():
+        setattr(result, key, value)
+    assert dataclasses.asdict(result)["host_rss_gib"] == 7.5  # what results.json is written from
 
 
 @pytest.mark.slow
