@@ -16,6 +16,14 @@ PLAN_8B, PLAN_70B = Q + "plans/plan-8b-23gib-h200.json", Q + "plans/plan-70b-1xh
 PLAN_2X4090, PLAN_1B = Q + "plans/plan-70b-2x4090.json", Q + "plans/plan-1b-4x2-h200.json"
 QUALITY, CALL4_8B = Q + "call3-h100/quality.json", Q + "call4-h100/8b-all-results.json"
 AC_211, AC_213 = Q + "cpu-ac/torch-2.11.json", Q + "cpu-ac/torch-2.13.json"
+C6 = Q + "call6-h200/"
+C6_8B, C6_70B, C6_SPLITS = (
+    C6 + "8b-all-results.json",
+    C6 + "70b-all-results.json",
+    C6 + "8b-splits-results.json",
+)
+PLAN_70B_4X1 = Q + "plans-v2/plan-70b-1xh200-4x1.json"
+PLAN_8B_V2 = Q + "plans-v2/plan-8b-23gib-h200.json"
 
 
 def formats() -> dict[str, list]:
@@ -109,6 +117,64 @@ def cpu_ac() -> dict[str, list]:
     return {way: [old[way], new[way]] for way in old}
 
 
+def h200_8b_fixed() -> dict[str, list]:
+    calls = _load(C6_8B)
+    stock = calls["8b-qlora-stock-liger-compile"]
+    base = stock["real_tokens_per_s"]
+    zf = {r["name"]: r for r in calls["8b-qlora-zerofit"]["results"]}
+    rows = {"stock + Liger, compiled, full AC": [base, stock["peak_allocated_gib"], 1.0]}
+    for label, name in (
+        ("zerofit, recipe defaults (FSDP + AC first 30)", "recipe defaults"),
+        ("zerofit, FSDP + full AC as stock", "fsdp, full AC as stock"),
+    ):
+        r = zf[name]
+        rows[label] = [r["real_tokens_per_s"], r["mem_alloc_gib"], r["real_tokens_per_s"] / base]
+    return rows
+
+
+def h200_8b_splits() -> dict[str, list]:
+    rows = {}
+    for r in _load(C6_SPLITS)["results"]:
+        ok = r["status"] == "ok"
+        rows[r["name"]] = [r["status"]] + (
+            [r["real_tokens_per_s"], r["mem_alloc_gib"]] if ok else ["-", "-"]
+        )
+    return rows
+
+
+def heldout_v2() -> dict[str, list]:
+    r70 = _load(C6_70B)["70b-qlora-zerofit"]["results"][0]
+    r8 = {r["name"]: r for r in _load(C6_8B)["8b-qlora-zerofit"]["results"]}["recipe defaults"]
+    rows = {}
+    for label, plan, r in (
+        ("70B, 4 x 1, one H200", _recommended(PLAN_70B_4X1), r70),
+        ("8B, 4 x 4, one H200 capped at 23 GiB", _recommended(PLAN_8B_V2), r8),
+    ):
+        mem, tps = plan["peak_allocated_gib"], plan["tokens_per_s"]
+        rows[label] = [
+            plan["strategy"],
+            mem,
+            r["mem_alloc_gib"],
+            100 * (mem / r["mem_alloc_gib"] - 1),
+            tps,
+            r["tokens_per_s"],
+            100 * (tps / r["tokens_per_s"] - 1),
+        ]
+    return rows
+
+
+def h200_70b() -> dict[str, list]:
+    r = _load(C6_70B)["70b-qlora-zerofit"]["results"][0]
+    return {
+        "zerofit, recipe defaults at 4 x 1": [
+            r["real_tokens_per_s"],
+            r["mfu"] * 100,
+            r["mem_alloc_gib"],
+            r["host_rss_gib"],
+        ]
+    }
+
+
 QLORA: dict[str, tuple[list[str], Callable[[], Any], int]] = {
     "qlora-formats": ([FORMATS], formats, 1),
     "qlora-8b-stock": ([CALL2_8B], stock_8b, 1),
@@ -118,4 +184,8 @@ QLORA: dict[str, tuple[list[str], Callable[[], Any], int]] = {
     "qlora-quality": ([QUALITY], quality, 1),
     "qlora-8b-h100": ([CALL4_8B], h100_8b, 1),
     "qlora-ac-cpu": ([AC_211, AC_213], cpu_ac, 1),
+    "qlora-8b-fixed": ([C6_8B], h200_8b_fixed, 1),
+    "qlora-8b-splits": ([C6_SPLITS], h200_8b_splits, 1),
+    "qlora-70b": ([C6_70B], h200_70b, 1),
+    "qlora-heldout-v2": ([PLAN_70B_4X1, PLAN_8B_V2, C6_70B, C6_8B], heldout_v2, 1),
 }
