@@ -35,8 +35,9 @@ class Blocks(nn.Module):
         return x
 
 
-def _blocks(compiled: bool, lora_dropout: float | None = None) -> Blocks:
-    """Two checkpointed layers; with `lora_dropout`, LoRA on every linear layer (base frozen)."""
+def _blocks(compiled: bool, lora_dropout: float | None = None, mode: str = "full") -> Blocks:
+    """Two layers checkpointed under `mode`; with `lora_dropout`, LoRA on every linear layer
+    (base frozen)."""
     config = transformers.LlamaConfig(
         hidden_size=64,
         intermediate_size=128,
@@ -51,7 +52,7 @@ def _blocks(compiled: bool, lora_dropout: float | None = None) -> Blocks:
         for p in model.parameters():
             if p.requires_grad:  # the factors, made empty: nonzero both, so both get gradients
                 torch.nn.init.normal_(p, std=0.02)
-    apply_ac(model.layers, "full")
+    apply_ac(model.layers, mode)
     if compiled:
         apply_compile(model.layers)
     return model
@@ -123,3 +124,16 @@ def test_a_checkpointed_lora_block_trains_compiled_as_eager() -> None:
     assert len(grads) == len(want_grads) > 0
     for got, want in zip(grads, want_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.usefixtures("restored_switches")
+@pytest.mark.parametrize(
+    ("mode", "lora", "inside"),
+    [("full", True, True), ("selective", True, False), ("full", False, False)],
+)
+def test_only_fully_recomputed_blocks_with_a_frozen_base_compile_inside(
+    mode: str, lora: bool, inside: bool
+) -> None:
+    model = _blocks(compiled=True, lora_dropout=0.1 if lora else None, mode=mode)  # lazy
+    compiled_whole = [isinstance(b, torch._dynamo.eval_frame.OptimizedModule) for b in model.layers]
+    assert compiled_whole == [not inside] * 2

@@ -77,8 +77,9 @@ def apply_compile(blocks: nn.ModuleList) -> None:
     ZeRO-3 block's (`apply_compile_forward`). Compiling the checkpointed block as a whole (the
     region's recomputation planned by the compiler, as for every other block) kept nearly all of
     such a block's activations on torch 2.11: 53 MiB saved by a 4-layer QLoRA toy's forward
-    against 2.5 MiB recomputed eagerly and 48 MiB with no checkpointing (2026-12-05, CPU), and
-    an 8B QLoRA ran out of memory on the GPU. torch 2.13 frees them either way."""
+    against 2.5 MiB recomputed eagerly and 42 MiB with no checkpointing (2026-12-05, CPU,
+    `benchmarks/ac_saved_bytes.py`), and an 8B QLoRA ran out of memory on the GPU (it trains at
+    16.6 GiB this way). torch 2.13 frees nearly all of them either way (2.7 MiB)."""
     loss.COMPILE_CHUNKS = True
     around = [i for i, block in enumerate(blocks) if _recompute_around(block)]
     _replay_free_side_effects(b for i, b in enumerate(blocks) if i not in around)
@@ -90,7 +91,9 @@ def apply_compile(blocks: nn.ModuleList) -> None:
 
 
 def _recompute_around(block: nn.Module) -> bool:
-    """Whether `block` is checkpointed in full (not op-selective) and holds frozen parameters."""
+    """Whether `block` is checkpointed in full (not op-selective) and holds frozen parameters.
+    Op-selective checkpointing is `apply_ac`'s ``context_fn``, which the wrapper keeps in its
+    ``checkpoint_fn`` partial."""
     checkpoint_fn = getattr(block, "checkpoint_fn", None)
     selective = "context_fn" in getattr(checkpoint_fn, "keywords", {})
     frozen = any(not p.requires_grad for p in block.parameters())
