@@ -15,6 +15,7 @@ from torch import nn
 
 from zerofit.distributed.parallelize import apply_ac, apply_compile
 from zerofit.models.lora import inject, linear_layers
+from zerofit.report.saved_tensors import saved_bytes
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # one small Inductor compile on CPU (~20 s)
@@ -67,20 +68,7 @@ def _grads(compiled: bool, lora: bool = False) -> tuple[torch.Tensor, list[torch
 
 
 def _saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
-    """Bytes of the tensors a forward keeps for backward, the model's parameters not counted."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    kept: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            kept[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(x)
-    out.square().mean().backward()
-    return sum(kept.values())
+    return saved_bytes(model, lambda: model(x).square().mean())
 
 
 @pytest.fixture

@@ -49,9 +49,8 @@ class Result:
     mem_alloc_gib: float | None = None
     mem_reserved_gib: float | None = None
     alloc_retries: int | None = None  # the caching allocator's cudaMalloc retries (memory pressure)
-    host_rss_gib: float | None = (
-        None  # GPU runs: rank 0's peak host RSS (loading is where it peaks)
-    )
+    # GPU runs: rank 0's peak host RSS (loading is where it peaks)
+    host_rss_gib: float | None = None
     final_loss: float | None = None
     measured_steps: int = 0
     wall_s: float = 0.0

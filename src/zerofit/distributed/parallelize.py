@@ -81,12 +81,11 @@ def apply_compile(blocks: nn.ModuleList) -> None:
     `benchmarks/ac_saved_bytes.py`), and an 8B QLoRA ran out of memory on the GPU (it trains at
     16.6 GiB this way). torch 2.13 frees nearly all of them either way (2.7 MiB)."""
     loss.COMPILE_CHUNKS = True
-    around = [i for i, block in enumerate(blocks) if _recompute_around(block)]
-    _replay_free_side_effects(b for i, b in enumerate(blocks) if i not in around)
-    if around:
-        _compile_inside_checkpoints([blocks[i] for i in around])
+    inside = [_recompute_around(block) for block in blocks]
+    _replay_free_side_effects(b for b, i in zip(blocks, inside, strict=True) if not i)
+    _compile_inside_checkpoints([b for b, i in zip(blocks, inside, strict=True) if i])
     for i, block in enumerate(list(blocks)):
-        if i not in around:
+        if not inside[i]:
             blocks[i] = torch.compile(block, fullgraph=True)
 
 
