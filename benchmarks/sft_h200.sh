@@ -10,7 +10,8 @@
 #   compiled, at the recipe's global batch (STOCK_MB sets stock's micro-batch x accumulation);
 #   fast-lora also runs zerofit eager and compiled without model.lean_ops at stock's split.
 #   issue 26's PHASEs: qlora-probe (1B) | qlora-8b (LIMIT GiB per GPU, default 23: a 24 GB card)
-#   | qlora-70b (zerofit alone, the whole card) | qlora-ac-probe (1B): see qlora_* below.
+#   | qlora-70b (zerofit alone, the whole card) | qlora-ac-probe (1B) | qlora-8b-splits: see
+#   qlora_* below.
 # FIXTURE is what `python benchmarks/sft_fixture.py FIXTURE` made (model-1b, model-8b, chat.jsonl).
 # Each zerofit variant runs under `zerofit bench` (own processes, median step time after warm-up);
 # each stock run under torchrun. Needs zerofit, peft and pydantic importable (docs/benchmarks/).
@@ -37,7 +38,7 @@ zerofit() {  # out-subdir, timeout, recipe, shared k=v..., then --variant args
   if [ "$limit" -lt 40 ]; then echo "skipped zerofit $sub: out of time"; return; fi
   # shellcheck disable=SC2046
   python3 -m zerofit.cli bench --warmup "$warmup" --steps "$steps" --timeout "$limit" \
-    --out "$root/$sub" -c "$recipe" $(as_flags $common "${shared[@]}") "${variants[@]}" 2>&1 |
+    ${PROFILE:+--profile "$PROFILE"} --out "$root/$sub" -c "$recipe" $(as_flags $common "${shared[@]}") "${variants[@]}" 2>&1 |
     grep -v "^\[20" | grep -v "^[│┃┏┡└]" | tail -5
   tail -n +6 "$root/$sub/results.md" 2>/dev/null
 }
@@ -139,6 +140,17 @@ qlora_ac_probe() {  # the 8B QLoRA OOM of 2026-12-05 (call 5): does checkpointin
     --variant "compiled, full AC, no dropout: parallel.compile=true parallel.activation_checkpointing=full model.lora.dropout=0" \
     --variant "compiled, full AC, not lean: parallel.compile=true parallel.activation_checkpointing=full model.lean_ops=false"
 }
+qlora_8b_splits() {  # the split of 16 rows per step, capped at LIMIT GiB: which recomputes least
+  # at the speed of its matmuls, now that a LoRA layer keeps its dropout mask as bits (1B-style
+  # small micro-batches with no recomputation against the recipe's 4 x 4 with most blocks
+  # recomputed); PROFILE=2 adds each run's kernel breakdown
+  local lim=${LIMIT:-23} one="train.micro_batch_size=1 train.grad_accum_steps=16"
+  zerofit 8b-qlora-splits 140 $qlora $m8 "train.gpu_memory_limit=${lim}GiB" \
+    --variant "ddp 1 x 16, no AC: parallel.backend=ddp $one parallel.activation_checkpointing=none" \
+    --variant "fsdp 1 x 16, no AC: parallel.backend=fsdp $one parallel.activation_checkpointing=none" \
+    --variant "ddp 2 x 8, AC first 17: parallel.backend=ddp train.micro_batch_size=2 train.grad_accum_steps=8 parallel.activation_checkpointing=first_k parallel.ac_blocks=17" \
+    --variant "recipe defaults: log.every=1000"
+}
 qlora_70b() {  # the whole card; fewer rows per step than the recipe (device time)
   zerofit 70b-qlora-zerofit 540 $qlora $m70 train.micro_batch_size=4 train.grad_accum_steps=1 \
     --variant "recipe defaults at 4 x 1: log.every=1000"
@@ -148,6 +160,7 @@ case $phase in
 qlora-probe) qlora_probe ;;
 qlora-8b) qlora_8b ;;
 qlora-70b) qlora_70b ;;
+qlora-8b-splits) qlora_8b_splits ;;
 qlora-ac-probe) qlora_ac_probe ;;
 fast-lora) fast_lora ;;
 fast-1b) fast 1b $full $m1 ${STOCK_MB:-train.micro_batch_size=8 train.grad_accum_steps=2 parallel.activation_checkpointing=none} ;;

@@ -135,30 +135,77 @@ def test_lora_delta_matches_the_module_by_module_update(dropout: float) -> None:
         assert not mask.all()  # the test did drop something
 
 
-def test_lean_lora_layers_share_their_input_and_keep_masks_as_booleans() -> None:
+def _qkv(lean: bool, dropout: float = 0.1) -> nn.ModuleList:
     from zerofit.models.lora import LoRALinear
 
-    def layers(lean: bool) -> nn.ModuleList:
-        torch.manual_seed(4)
-        out = nn.ModuleList(
-            LoRALinear(nn.Linear(64, 64, bias=False), 8, 16.0, 0.1, lean) for _ in range(3)
-        )
-        with torch.no_grad():
-            for p in out.parameters():  # the factors start uninitialised: fill them alike
-                p.copy_(torch.randn(p.shape) * 0.1)
-        for layer in out:
-            layer.weight.requires_grad_(False)
-        return out.to(torch.bfloat16)
+    torch.manual_seed(4)
+    out = nn.ModuleList(
+        LoRALinear(nn.Linear(64, 64, bias=False), 8, 16.0, dropout, lean) for _ in range(3)
+    )
+    with torch.no_grad():
+        for p in out.parameters():  # the factors start uninitialised: fill them alike
+            p.copy_(torch.randn(p.shape) * 0.1)
+    for layer in out:
+        layer.weight.requires_grad_(False)
+    return out.to(torch.bfloat16)
 
+
+def _qkv_saved(model: nn.Module, x: torch.Tensor) -> int:
+    from zerofit.report.saved_tensors import saved_bytes
+
+    return saved_bytes(model, lambda: sum(layer(x) for layer in model).float().sum())
+
+
+def test_lean_lora_layers_share_their_input_and_keep_masks_as_bits() -> None:
     x = torch.randn(4, 32, 64, dtype=torch.bfloat16, requires_grad=True)
-    qkv = [_saved_bytes(lambda m, t: sum(layer(t) for layer in m), m, x) for m in (
-        layers(False), layers(True))]  # fmt: skip
-    elements = 4 * 32 * 64
-    # module by module: a bf16 dropped copy (2 B) + a mask per layer; lean: x once + 1 B masks
-    assert qkv[0] - qkv[1] >= 3 * 2 * elements - 2 * elements, qkv
-    lean = layers(True).eval()
-    ref = layers(False).eval()
-    torch.testing.assert_close(lean[0](x), ref[0](x))  # no dropout in eval: the same update
+    module, lean = _qkv_saved(_qkv(False), x), _qkv_saved(_qkv(True), x)
+    n = 4 * 32 * 64
+    # lean: the input once (the caller's tensor), a bit per element for each mask, the rank-8
+    # outputs; module by module each layer keeps at least a bf16 dropped copy and a 1 B mask more
+    assert lean == 2 * n + 3 * (n // 8 + 2 * 4 * 32 * 8), lean
+    assert module >= lean + 3 * (2 * n + n - n // 8), (module, lean)
+    torch.testing.assert_close(_qkv(True).eval()[0](x), _qkv(False).eval()[0](x))
+
+
+def test_a_compiled_block_keeps_what_eager_keeps_with_lora_dropout() -> None:
+    """Compiled as part of a larger graph, the update stays one opaque operator: the compiler
+    does not swap the shared input for each layer's dropped copy (it did: 2 B per element and
+    layer more)."""
+    x = torch.randn(4, 32, 64, dtype=torch.bfloat16, requires_grad=True)
+    eager_model, compiled_model = _qkv(True), _qkv(True)
+    eager = _qkv_saved(eager_model, x)
+    torch._dynamo.reset()
+    block = torch.compile(lambda t: sum(layer(t) for layer in compiled_model), fullgraph=True)
+    from zerofit.report.saved_tensors import saved_bytes
+
+    def loss() -> torch.Tensor:
+        return block(x).float().sum()
+
+    saved_bytes(compiled_model, loss)  # compiles
+    assert saved_bytes(compiled_model, loss) == eager
+    # in fp32, the same masks drawn from the same seed: the same values and gradients
+    x32 = x.detach().float().requires_grad_()
+    results = []
+    for model in (eager_model.float(), compiled_model.float()):
+        model.zero_grad()
+        torch.manual_seed(0)
+        out = block(x32) if model is compiled_model else sum(layer(x32) for layer in model)
+        out.square().sum().backward()
+        grads = [x32.grad.clone(), *(p.grad for p in model.parameters() if p.grad is not None)]
+        x32.grad = None
+        results.append((out.detach(), grads))
+    torch.testing.assert_close(results[0], results[1])
+
+
+@pytest.mark.parametrize("n", [1, 8, 13, 64 * 7])
+def test_masks_pack_and_unpack_bit_for_bit(n: int) -> None:
+    from zerofit.models.lora_delta import pack_mask, unpack_mask
+
+    torch.manual_seed(n)
+    mask = torch.rand(n) < 0.5
+    packed = pack_mask(mask)
+    assert packed.dtype == torch.uint8 and packed.numel() == -(-n // 8)
+    assert torch.equal(unpack_mask(packed, mask), mask)
 
 
 def test_the_fused_kernels_trace_whole() -> None:

@@ -26,19 +26,17 @@ class Adapters:
     params: int  # adapter parameters in all
     rank: int
     per_block: int  # adapted linear layers in the largest decoder block
-    block_inputs: int = 0  # with dropout: input features of those layers (each input copied)
+    block_inputs: int = 0  # with dropout: input features of those layers (a mask bit each)
     quantized: int = 0  # QLoRA: base weights stored in NF4, in all
     block_quantized: int = 0  # of which in the largest decoder block
     largest_quantized: int = 0  # elements of the largest NF4 weight (rebuilt while it runs)
 
-    def activation_bytes(self, tokens: int, e_c: int, compiled: bool = False) -> float:
+    def activation_bytes(self, tokens: int, e_c: int) -> float:
         """What the adapters add to one block's saved activations: A's output (B's input) per
-        adapted layer, and with dropout the dropped input, eager with its mask too (compiled,
-        Inductor keeps the dropped input alone: fitted on the 2026-12-05 H200 QLoRA 1B run,
-        19.35 GiB measured against 22.1 forecast with the mask; in-sample there, not yet
-        checked on a held-out run: docs/benchmarks/2026-12-05-qlora-h200.md)."""
-        dropped = self.block_inputs * (e_c if compiled else e_c + 1)
-        return tokens * (self.per_block * self.rank * e_c + dropped)
+        adapted layer, and with dropout its mask, eight to a byte (``zerofit.models.lora_delta``
+        keeps the input itself, which the block keeps anyway, and drops it again in backward;
+        compiled or not, the update is one opaque operator)."""
+        return tokens * (self.per_block * self.rank * e_c + self.block_inputs / 8)
 
 
 @dataclass(frozen=True)

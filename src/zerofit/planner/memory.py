@@ -26,8 +26,8 @@ over, e_c / e_m / e_o / e_r = bytes of the compute, master, optimizer-state and 
 
 With LoRA (``model.lora``, ``Workload.lora``) the frozen base counts as parameters in the compute
 dtype; gradients, AdamW states and DeepSpeed's fp32 masters are the adapters' alone, the output
-head's gradient buffers go, and each adapted layer adds its rank-r activations (with dropout, a
-copy of its input and the mask).
+head's gradient buffers go, and each adapted layer adds its rank-r activations (with dropout, its
+mask, a bit per input element).
 
 The peak is the largest of the start of backward (activations + logits alive, gradients not yet
 produced unless they persist), the end of backward (all gradients, no activations), the
@@ -242,7 +242,7 @@ def _block_bytes(m: ModelShape, w: Workload, s: Strategy) -> float:
     """All one block saves for backward (with LoRA, its adapters' activations too)."""
     e_c = BYTES[w.compute_dtype]
     per_block = block_activation_bytes(m, w.tokens, e_c, s.compile)
-    adapters = w.lora.activation_bytes(w.tokens, e_c, s.compile) if w.lora else 0.0
+    adapters = w.lora.activation_bytes(w.tokens, e_c) if w.lora else 0.0
     return per_block + adapters
 
 
