@@ -140,16 +140,21 @@ qlora_ac_probe() {  # the 8B QLoRA OOM of 2026-12-05 (call 5): does checkpointin
     --variant "compiled, full AC, no dropout: parallel.compile=true parallel.activation_checkpointing=full model.lora.dropout=0" \
     --variant "compiled, full AC, not lean: parallel.compile=true parallel.activation_checkpointing=full model.lean_ops=false"
 }
-qlora_8b_splits() {  # the split of 16 rows per step, capped at LIMIT GiB: which recomputes least
-  # at the speed of its matmuls, now that a LoRA layer keeps its dropout mask as bits (1B-style
-  # small micro-batches with no recomputation against the recipe's 4 x 4 with most blocks
-  # recomputed); PROFILE=2 adds each run's kernel breakdown
+qlora_8b_splits() {  # the split of 16 rows per step, capped at LIMIT GiB, beside stock compiled
+  # (as qlora_8b runs it): which split recomputes least at the speed of its matmuls, now that a
+  # LoRA layer keeps its dropout mask as bits and a LoRA down projection no input (1 x 16 and
+  # 2 x 8 with the planner's checkpointing against the recipe's 4 x 4); PROFILE=2 adds each
+  # zerofit run's kernel breakdown
   local lim=${LIMIT:-23} one="train.micro_batch_size=1 train.grad_accum_steps=16"
-  zerofit 8b-qlora-splits 140 $qlora $m8 "train.gpu_memory_limit=${lim}GiB" \
+  local two="train.micro_batch_size=2 train.grad_accum_steps=8"
+  zerofit 8b-qlora-splits 125 $qlora $m8 "train.gpu_memory_limit=${lim}GiB" \
     --variant "ddp 1 x 16, no AC: parallel.backend=ddp $one parallel.activation_checkpointing=none" \
-    --variant "fsdp 1 x 16, no AC: parallel.backend=fsdp $one parallel.activation_checkpointing=none" \
-    --variant "ddp 2 x 8, AC first 17: parallel.backend=ddp train.micro_batch_size=2 train.grad_accum_steps=8 parallel.activation_checkpointing=first_k parallel.ac_blocks=17" \
-    --variant "recipe defaults: log.every=1000"
+    --variant "2 x 8, planner's choice: $two" \
+    --variant "recipe defaults (4 x 4): log.every=1000"
+  local split="train.micro_batch_size=4 train.grad_accum_steps=4 parallel.activation_checkpointing=full"
+  # shellcheck disable=SC2086
+  stock 8b-qlora-stock-liger-compile 200 $qlora $m8 $split --liger --qlora --compile \
+    --memory-limit-gib "$lim"
 }
 qlora_70b() {  # the whole card; fewer rows per step than the recipe (device time)
   zerofit 70b-qlora-zerofit 540 $qlora $m70 train.micro_batch_size=4 train.grad_accum_steps=1 \

@@ -49,6 +49,7 @@ from zerofit.planner.speed import (
     bandwidth_factor,
     efficiency,
     flops_per_token,
+    forward_share,
     fp8_share,
     fp8_time_factor,
     predict,
@@ -499,3 +500,25 @@ def test_one_recomputed_block_of_one_costs_a_third() -> None:
     plain = predict(m, w, Strategy.of("fsdp"), H200)
     full = predict(m, w, Strategy.of("fsdp", activation_checkpointing="full"), H200)
     assert full.compute == pytest.approx(plain.compute * 4 / 3)
+
+
+def test_a_recomputed_lora_block_costs_its_forward_share_near_a_half() -> None:
+    """With LoRA the frozen base does 4 FLOPs a weight, so re-running a block's forward (2 a
+    weight) adds about half, not a third."""
+    m = ModelShape("one-layer", 1, 2048, 16, 8, 8192, 32000)
+    lora = Adapters(params=1000, rank=4, per_block=7)
+    w = Workload(1, 1024, 8, lora=lora)
+    f = m.flops_per_token(1024)
+    share = (f / 3 + 2 * 1000) / (f + 6 * 1000 - 2 * m.flops_params)
+    assert forward_share(m, w) == pytest.approx(share)
+    assert 0.45 < share < 0.55
+    assert forward_share(m, Workload(1, 1024, 8)) == pytest.approx(1 / 3)
+    plain = predict(m, w, Strategy.of("fsdp"), H200)
+    full = predict(m, w, Strategy.of("fsdp", activation_checkpointing="full"), H200)
+    assert full.compute == pytest.approx(plain.compute * (1 + share))
+
+
+def test_a_gated_down_projection_keeps_no_input() -> None:
+    """An adapted down projection of a lean gated MLP: its input (ffn wide) is not kept."""
+    b = Adapters(params=1, rank=4, per_block=7, block_inputs=100, rebuilt_inputs=30)
+    assert b.activation_bytes(3, 2) == 3 * (7 * 4 * 2 + 100 / 8 - 30 * 2)

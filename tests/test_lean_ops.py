@@ -223,8 +223,8 @@ def test_the_fused_kernels_trace_whole() -> None:
     cases = [
         (lean_ops._norm_fwd, (x, w, 1e-6)),
         (lean_ops._norm_bwd, (y, x, w, rstd, True)),
-        (lean_ops._swiglu_fwd, (x, x)),
-        (lean_ops._swiglu_bwd, (x, x, x)),
+        (lean_ops.swiglu_values, (x, x)),
+        (lean_ops.swiglu_grads, (x, x, x)),
         (lora_delta._delta_fwd, (x, a, b, 0.1, 2.0)),
         (lora_delta._delta_fwd, (x, a, b, 0.0, 2.0)),
         (lora_delta._delta_bwd, (grad, x, mask, h, a, b, 0.1, 2.0)),
@@ -233,3 +233,67 @@ def test_the_fused_kernels_trace_whole() -> None:
     for fn, args in cases:
         torch._dynamo.reset()
         torch.compile(fn, backend="eager", fullgraph=True, dynamic=False)(*args)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_a_gated_down_projection_gives_the_plain_update_and_its_gradients(dropout: float) -> None:
+    """``forward_gated(act, gate, up)`` equals ``forward(act)`` for ``act = silu(gate) * up``:
+    values, and gradients reaching gate, up and the factors (the same mask from the same seed)."""
+    from zerofit.models.lean_ops import swiglu
+    from zerofit.models.lora import LoRALinear
+
+    torch.manual_seed(6)
+    layer = LoRALinear(nn.Linear(24, 10, bias=False), 4, 8.0, dropout).double()
+    layer.weight.requires_grad_(False)
+    with torch.no_grad():
+        for p in (layer.lora_A.weight, layer.lora_B.weight):
+            p.copy_(torch.randn(p.shape))
+    gate0, up0 = (
+        torch.randn(2, 5, 24, dtype=torch.float64),
+        torch.randn(2, 5, 24, dtype=torch.float64),
+    )
+    grad = torch.randn(2, 5, 10, dtype=torch.float64)
+    results = []
+    for gated in (False, True):
+        layer.zero_grad()
+        gate, up = gate0.clone().requires_grad_(), up0.clone().requires_grad_()
+        act = swiglu(gate, up)
+        torch.manual_seed(9)
+        out = layer.forward_gated(act, gate, up) if gated else layer(act)
+        out.backward(grad)
+        results.append(
+            (out.detach(), gate.grad, up.grad, layer.lora_A.weight.grad, layer.lora_B.weight.grad)
+        )
+    # the SwiGLU's gradient is computed in fp32 (lean_ops), here once per path and then summed
+    torch.testing.assert_close(results[0], results[1], rtol=1e-6, atol=1e-5)
+
+
+def test_a_lean_mlp_with_a_lora_down_projection_keeps_gate_and_up_only() -> None:
+    """The MLP keeps gate and up (the SwiGLU's); the adapted down projection keeps no product."""
+    from zerofit.models.lora import LoRALinear
+
+    def mlp() -> nn.Module:
+        torch.manual_seed(4)
+        _, block = _llama_parts()
+        block.down_proj = LoRALinear(block.down_proj, 8, 16.0, 0.0)
+        for p in block.parameters():
+            p.requires_grad_(False)
+        block.down_proj.lora_A.weight.requires_grad_(True)
+        block.down_proj.lora_B.weight.requires_grad_(True)
+        with torch.no_grad():
+            block.down_proj.lora_A.weight.normal_()
+        apply_lean_ops(block)
+        return block.to(torch.bfloat16)
+
+    from zerofit.report.saved_tensors import saved_bytes
+
+    x = torch.randn(2, 16, 64, dtype=torch.bfloat16, requires_grad=True)
+    lean = mlp()
+    kept = saved_bytes(lean, lambda: lean(x).float().sum())
+    plain = mlp()
+    plain.down_proj.forward_gated = None  # as before: the update keeps its input, the product
+    before = saved_bytes(plain, lambda: plain(x).float().sum())
+    ffn = lean.gate_proj.out_features
+    rank_out = 2 * 16 * 8 * 2  # the rank-8 intermediate, bf16
+    assert kept == 2 * 2 * 16 * ffn * 2 + rank_out, kept  # gate and up
+    assert before - kept == 2 * 16 * ffn * 2  # the product

@@ -215,7 +215,7 @@ def test_the_planner_counts_the_frozen_base_apart(tmp_path: Path, capsys) -> Non
     out = capsys.readouterr().out
     data = json.loads(out[: out.rindex("}") + 1])
     assert data["workload"]["lora"] == {"params": A, "rank": 16, "per_block": 7, "block_inputs": 0,
-        "quantized": 0, "block_quantized": 0, "largest_quantized": 0}  # fmt: skip
+        "quantized": 0, "block_quantized": 0, "largest_quantized": 0, "rebuilt_inputs": 0}  # fmt: skip
     assert main(["plan", "-c", str(cfg_path), "--gpus", "8", "--gpu-mem", "80GB"]) == 0
     assert "LoRA r=16: 41.9M adapter params train, the base is frozen in bf16" in " ".join(
         capsys.readouterr().out.split()

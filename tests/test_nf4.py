@@ -7,6 +7,8 @@ tests/test_qlora_dist.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -384,3 +386,43 @@ def test_the_rebuild_repeats_for_recomputed_blocks_and_each_micro_batch(tmp_path
     assert full == pytest.approx(once * 3 / 2 * 3)
     half = dequant_seconds(m, w, replace(s, activation_checkpointing="every_k", ac_every=2), hw)
     assert half == pytest.approx(once * 2.5 / 2)
+
+
+def test_the_planner_counts_a_gated_down_projections_input_as_rebuilt(tmp_path) -> None:  # noqa: ANN001
+    """A Hugging Face Llama under model.lean_ops: the built model's adapted down projection
+    (ffn inputs) keeps no input, and the torch-free estimate says the same; off without lean
+    ops."""
+    from zerofit.models.shape import shape_from_config
+    from zerofit.planner.adapters import estimated_adapters
+    from zerofit.planner.memory import workload_for
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 160,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 256,
+            }
+        )
+    )
+    for lean, want in ((True, 160), (False, 0)):
+        extra = {
+            "model": {
+                "preset": None,
+                "overrides": {},
+                "hf": str(folder),
+                "random_init": True,
+                "lean_ops": lean,
+                "lora": {"rank": 8, "dropout": 0.0},
+            }
+        }
+        cfg = load_config(write_config(tmp_path / "c.yaml", extra))
+        built = workload_for(cfg, 1).lora
+        assert built.rebuilt_inputs == want
+        assert estimated_adapters(shape_from_config(cfg), 8, False, lean) == built

@@ -30,13 +30,17 @@ class Adapters:
     quantized: int = 0  # QLoRA: base weights stored in NF4, in all
     block_quantized: int = 0  # of which in the largest decoder block
     largest_quantized: int = 0  # elements of the largest NF4 weight (rebuilt while it runs)
+    rebuilt_inputs: int = 0  # input features of those layers whose input is rebuilt, not kept
 
     def activation_bytes(self, tokens: int, e_c: int) -> float:
-        """What the adapters add to one block's saved activations: A's output (B's input) per
+        """What the adapters change in one block's saved activations: A's output (B's input) per
         adapted layer, and with dropout its mask, eight to a byte (``zerofit.models.lora_delta``
         keeps the input itself, which the block keeps anyway, and drops it again in backward;
-        compiled or not, the update is one opaque operator)."""
-        return tokens * (self.per_block * self.rank * e_c + self.block_inputs / 8)
+        compiled or not, the update is one opaque operator). A gated MLP's adapted down
+        projection keeps the gate and up outputs instead of its input (``rebuilt_inputs``), and
+        its frozen base keeps nothing: that input is not kept at all."""
+        kept = self.per_block * self.rank * e_c + self.block_inputs / 8
+        return tokens * (kept - self.rebuilt_inputs * e_c)
 
 
 @dataclass(frozen=True)

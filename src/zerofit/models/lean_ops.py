@@ -8,7 +8,9 @@ These autograd functions keep only what backward cannot cheaply recompute:
 - ``rms_norm``: the input (its own dtype) and one fp32 reciprocal RMS per row; backward
   recomputes the normalised input. Same arithmetic as Llama's ``LlamaRMSNorm``: normalise in
   fp32, cast to the input dtype, then scale by the weight.
-- ``swiglu``: ``gate`` and ``up`` only; backward recomputes ``silu(gate)`` in fp32.
+- ``swiglu``: ``gate`` and ``up`` only; backward recomputes ``silu(gate)`` in fp32. A LoRA down
+  projection (``LoRALinear.forward_gated``) then keeps those two for its update too, instead of
+  their product.
 
 ``apply_lean_ops(model)`` swaps them into every module whose class computes exactly that: each
 candidate class is probed once on a small CPU copy and must match its own forward (Gemma's
@@ -65,11 +67,11 @@ def _norm_bwd(
     return ((g - normed * dot) * rstd).to(x.dtype), grad_weight
 
 
-def _swiglu_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def swiglu_values(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def _swiglu_bwd(
+def swiglu_grads(
     grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     g, u, dy = gate.float(), up.float(), grad.float()
@@ -96,12 +98,12 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(gate, up)
-        return fused(_swiglu_fwd, gate, up)
+        return fused(swiglu_values, gate, up)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         gate, up = ctx.saved_tensors
-        return fused(_swiglu_bwd, grad, gate, up)
+        return fused(swiglu_grads, grad, gate, up)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -127,7 +129,11 @@ def _lean_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Te
 
 
 def _lean_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+    gate, up = self.gate_proj(x), self.up_proj(x)
+    act = swiglu(gate, up)
+    # a LoRA down projection keeps gate and up (kept here anyway) instead of their product
+    gated = getattr(self.down_proj, "forward_gated", None)
+    return gated(act, gate, up) if gated is not None else self.down_proj(act)
 
 
 def _is_norm(module: nn.Module) -> bool:

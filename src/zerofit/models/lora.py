@@ -33,7 +33,7 @@ from torch import nn
 from zerofit.errors import UserError
 from zerofit.models import ModelSpec
 from zerofit.models.init import param_seed
-from zerofit.models.lora_delta import lora_delta
+from zerofit.models.lora_delta import lora_delta, lora_delta_gated
 from zerofit.models.loss import LMHead
 from zerofit.models.nf4 import (
     NF4Weight,
@@ -90,15 +90,33 @@ class LoRALinear(nn.Module):
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.p, self.scale, self.lean = dropout, alpha / rank, lean
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _base(self, x: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "nf4"):
-            out = nf4_linear(x, self.nf4, self.bias)
-        else:
-            out = F.linear(x, self.weight, self.bias)
+            return nf4_linear(x, self.nf4, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+    def _lean(self) -> bool:
+        """Whether the update runs as one lean operator: the factors whole here (not ZeRO-3's
+        partitions, which their own modules' calls gather)."""
+        return self.lean and self.lora_A.weight.dim() == 2 and self.lora_B.weight.dim() == 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._base(x)
         a, b = self.lora_A.weight, self.lora_B.weight
-        if self.lean and a.dim() == 2 and b.dim() == 2:  # whole here: one lean function
+        if self._lean():
             return out + lora_delta(x, a, b, self.p, self.scale, self.training)
         return out + self.lora_B(self.lora_A(self.dropout(x))) * self.scale
+
+    def forward_gated(
+        self, act: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
+    ) -> torch.Tensor:
+        """``forward(act)`` for ``act = silu(gate) * up`` (a gated MLP's down projection, called so
+        by ``lean_ops``): the lean update keeps `gate` and `up` instead of `act`."""
+        if not self._lean():
+            return self.forward(act)
+        a, b = self.lora_A.weight, self.lora_B.weight
+        delta = lora_delta_gated(act, gate, up, a, b, self.p, self.scale, self.training)
+        return self._base(act) + delta
 
     def extra_repr(self) -> str:
         rank = self.lora_A.weight.shape[0]
@@ -344,6 +362,20 @@ def block_adapters(spec: ModelSpec) -> list[LoRALinear]:
     """The adapted layers of the decoder block that has the most."""
     blocks = spec.module.get_submodule(spec.blocks_path)
     return max(([m for m in b.modules() if isinstance(m, LoRALinear)] for b in blocks), key=len)
+
+
+def gated_inputs(spec: ModelSpec) -> int:
+    """Input features of the adapted layers in the largest block whose input the lean update does
+    not keep: a gated MLP's down projection (``LoRALinear.forward_gated``, which ``lean_ops``
+    calls), which keeps the gate and up outputs instead."""
+    layers = block_adapters(spec)
+    if not layers:
+        return 0
+    blocks = spec.module.get_submodule(spec.blocks_path)
+    block = next(b for b in blocks if any(m is layers[0] for m in b.modules()))
+    names = ("gate_proj", "up_proj", "down_proj")
+    gated = [m for m in block.modules() if all(hasattr(m, n) for n in names)]
+    return sum(m.down_proj.in_features for m in gated if any(m.down_proj is x for x in layers))
 
 
 def quantized_counts(spec: ModelSpec) -> tuple[int, int, int]:

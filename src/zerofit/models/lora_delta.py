@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import register_flop_formula
 
-from zerofit.models.lean_ops import fused
+from zerofit.models.lean_ops import fused, swiglu_grads, swiglu_values
 
 NO_MASK = 0  # packed mask length when nothing is dropped
 
@@ -171,6 +171,131 @@ def _delta_backward_flops(
 ) -> int:
     """Four matmuls, each the size of one of the forward's two: twice the forward."""
     return 2 * _matmul_flops(x_shape, a_shape, b_shape)
+
+
+def _gated_bwd(
+    grad: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    packed: torch.Tensor,
+    h: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dropout: float,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad gate, grad up, grad a, grad b): the input ``silu(gate) * up`` rebuilt, and its
+    gradient carried on through the SwiGLU."""
+    act = swiglu_values(gate, up)
+    grad_act, grad_a, grad_b = _delta_bwd(grad, act, packed, h, a, b, dropout, scale)
+    grad_gate, grad_up = swiglu_grads(grad_act, gate, up)
+    return grad_gate, grad_up, grad_a, grad_b
+
+
+@torch.library.custom_op("zerofit::lora_delta_gated", mutates_args=())
+def _gated_op(
+    act: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dropout: float,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return fused(_delta_fwd, act, a, b, dropout, scale)  # type: ignore[no-any-return]
+
+
+@_gated_op.register_fake
+def _gated_fake(
+    act: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dropout: float,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _delta_fake(act, a, b, dropout, scale)
+
+
+@torch.library.custom_op("zerofit::lora_delta_gated_backward", mutates_args=())
+def _gated_backward_op(
+    grad: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    packed: torch.Tensor,
+    h: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dropout: float,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return fused(_gated_bwd, grad, gate, up, packed, h, a, b, dropout, scale)  # type: ignore[no-any-return]
+
+
+@_gated_backward_op.register_fake
+def _gated_backward_fake(
+    grad: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    packed: torch.Tensor,
+    h: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dropout: float,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tuple(torch.empty_like(t) for t in (gate, up, a, b))  # type: ignore[return-value]
+
+
+def _gated_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    _, gate, up, a, b, dropout, scale = inputs
+    _, packed, h = output
+    ctx.save_for_backward(gate, up, packed, h, a, b)
+    ctx.dropout, ctx.scale = dropout, scale
+
+
+def _gated_backward(ctx: Any, grad: torch.Tensor, *_unused: Any) -> tuple[torch.Tensor | None, ...]:
+    gate, up, packed, h, a, b = ctx.saved_tensors
+    grads = _gated_backward_op(grad.contiguous(), gate, up, packed, h, a, b, ctx.dropout, ctx.scale)
+    return (None, *grads, None, None)  # the input's gradient flows through gate and up
+
+
+_gated_op.register_autograd(_gated_backward, setup_context=_gated_setup)
+
+
+@register_flop_formula(torch.ops.zerofit.lora_delta_gated)
+def _gated_flops(act_shape: Any, _gate: Any, _up: Any, a_shape: Any, b_shape: Any, *_: Any) -> int:
+    return _matmul_flops(act_shape, a_shape, b_shape)
+
+
+@register_flop_formula(torch.ops.zerofit.lora_delta_gated_backward)
+def _gated_backward_flops(
+    _grad: Any, gate_shape: Any, _up: Any, _p: Any, _h: Any, a_shape: Any, b_shape: Any, *_: Any
+) -> int:
+    return 2 * _matmul_flops(gate_shape, a_shape, b_shape)
+
+
+def lora_delta_gated(
+    act: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dropout: float,
+    scale: float,
+    training: bool = True,
+) -> torch.Tensor:
+    """`lora_delta` of ``act = silu(gate) * up`` (a gated MLP's down projection) that keeps
+    `gate` and `up` for backward, which the SwiGLU keeps already, instead of `act` (3.5 hidden
+    widths a token on Llama): backward rebuilds `act` and returns the gradients of `gate` and
+    `up` (none for `act`, which is theirs)."""
+    if torch.is_autocast_enabled(act.device.type):
+        dtype = torch.get_autocast_dtype(act.device.type)
+        act, gate, up, a, b = (t.to(dtype) for t in (act, gate, up, a, b))
+    with torch.autocast(act.device.type, enabled=False):
+        out, _, _ = _gated_op(act, gate, up, a, b, dropout if training else 0.0, scale)
+    return out
 
 
 def lora_delta(

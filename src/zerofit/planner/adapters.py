@@ -27,10 +27,11 @@ WAYS = {
 QUANTUM = 64 * 256  # an NF4 weight's size is a multiple of this (zerofit.models.nf4)
 
 
-def estimated_adapters(m: ModelShape, rank: int, quantize: bool) -> Adapters:
+def estimated_adapters(m: ModelShape, rank: int, quantize: bool, gated: bool = False) -> Adapters:
     """LoRA on every linear layer of the blocks (``all-linear``), counted from the shape without
     building the model (torch-free; `zerofit plan` with ``model.lora`` set counts the built
-    model's)."""
+    model's). `gated`: a Hugging Face gated MLP under ``model.lean_ops``, whose adapted down
+    projection keeps no input (``Adapters.rebuilt_inputs``)."""
     linears = m.block_linears
     sizes = [i * o for i, o in linears if i * o % QUANTUM == 0] if quantize else []
     return Adapters(
@@ -40,6 +41,7 @@ def estimated_adapters(m: ModelShape, rank: int, quantize: bool) -> Adapters:
         quantized=m.n_layers * sum(sizes),
         block_quantized=sum(sizes),
         largest_quantized=max(sizes, default=0),
+        rebuilt_inputs=m.ffn_dim if gated else 0,
     )
 
 
@@ -61,7 +63,9 @@ def lighter_ways(m: ModelShape, w: Workload, hw: Hardware, base: Config) -> list
     out = []
     for name, overrides in WAYS.items():
         cfg = with_fields(base, overrides)
-        adapted = replace(w, lora=estimated_adapters(m, RANK, "model.lora.quantize" in overrides))
+        gated = base.model.hf is not None and base.model.lean_ops
+        lora = estimated_adapters(m, RANK, "model.lora.quantize" in overrides, gated)
+        adapted = replace(w, lora=lora)
         options = plan(m, adapted, hw, cfg)
         best = recommend(options)
         out.append(Lighter(name, overrides, best or closest(options), best is not None))

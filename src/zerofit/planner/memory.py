@@ -157,6 +157,7 @@ def adapters_for(cfg: Config) -> Adapters | None:
         adapter_count,
         apply_lora,
         block_adapters,
+        gated_inputs,
         quantized_counts,
     )
 
@@ -173,7 +174,8 @@ def adapters_for(cfg: Config) -> Adapters | None:
     layers = block_adapters(spec)
     inputs = sum(layer.in_features for layer in layers) if lora.dropout > 0 else 0
     q = quantized_counts(spec)
-    return Adapters(adapter_count(spec.module), lora.rank, len(layers), inputs, *q)
+    rebuilt = gated_inputs(spec) if m.lean_ops else 0
+    return Adapters(adapter_count(spec.module), lora.rank, len(layers), inputs, *q, rebuilt)
 
 
 @dataclass

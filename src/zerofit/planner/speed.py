@@ -103,6 +103,16 @@ def flops_per_token(m: ModelShape, w: Workload) -> float:
     return flops
 
 
+def forward_share(m: ModelShape, w: Workload) -> float:
+    """The forward pass's share of the training FLOPs: a third of the full model's (forward 2,
+    backward 4 per weight and token, attention alike), and with LoRA the adapters' forward over
+    the base's 4 FLOPs a weight."""
+    forward = m.flops_per_token(w.seq_len) / 3
+    if w.lora:
+        forward += 2.0 * w.lora.params
+    return forward / flops_per_token(m, w)
+
+
 def fp8_share(m: ModelShape, w: Workload) -> float:
     """Share of the training FLOPs in Linear layers that compute in float8: every decoder block's
     weights but its two norms (none without `precision.fp8`)."""
@@ -133,10 +143,11 @@ def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
     W = w.world_size
     tokens_step = w.tokens * w.grad_accum_steps * W
     flops = flops_per_token(m, w) * tokens_step
-    # a recomputed block runs its forward twice (+1/3 of its training FLOPs); selective AC only
+    # a recomputed block runs its forward twice (+ its forward's share of the training FLOPs:
+    # 1/3, or ~1/2 with LoRA, whose frozen base skips the weight gradients); selective AC only
     # re-runs the cheap elementwise ops
     recompute = 1.03 if s.activation_checkpointing == "selective" else 1.0
-    recompute += len(s.recomputed(m.n_layers)) / max(1, m.n_layers) / 3
+    recompute += len(s.recomputed(m.n_layers)) / max(1, m.n_layers) * forward_share(m, w)
     compute = flops * recompute * bandwidth_factor(hw) / (W * hw.peak_flops * efficiency(s, m.dim))
     compute *= fp8_time_factor(m, w, s.compile)
     compute += dequant_seconds(m, w, s, hw)
