@@ -522,3 +522,8 @@ def test_a_gated_down_projection_keeps_no_input() -> None:
     """An adapted down projection of a lean gated MLP: its input (ffn wide) is not kept."""
     b = Adapters(params=1, rank=4, per_block=7, block_inputs=100, rebuilt_inputs=30)
     assert b.activation_bytes(3, 2) == 3 * (7 * 4 * 2 + 100 / 8 - 30 * 2)
+    assert b.activation_bytes(3, 2, compiled=True) == b.activation_bytes(3, 2)
+    # compiled without dropout the compiler keeps the down projection's input after all
+    c = Adapters(params=1, rank=4, per_block=7, rebuilt_inputs=30)
+    assert c.activation_bytes(3, 2) == 3 * (7 * 4 * 2 - 30 * 2)
+    assert c.activation_bytes(3, 2, compiled=True) == 3 * 7 * 4 * 2

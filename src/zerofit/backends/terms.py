@@ -32,15 +32,17 @@ class Adapters:
     largest_quantized: int = 0  # elements of the largest NF4 weight (rebuilt while it runs)
     rebuilt_inputs: int = 0  # input features of those layers whose input is rebuilt, not kept
 
-    def activation_bytes(self, tokens: int, e_c: int) -> float:
+    def activation_bytes(self, tokens: int, e_c: int, compiled: bool = False) -> float:
         """What the adapters change in one block's saved activations: A's output (B's input) per
         adapted layer, and with dropout its mask, eight to a byte (``zerofit.models.lora_delta``
-        keeps the input itself, which the block keeps anyway, and drops it again in backward;
-        compiled or not, the update is one opaque operator). A gated MLP's adapted down
-        projection keeps the gate and up outputs instead of its input (``rebuilt_inputs``), and
-        its frozen base keeps nothing: that input is not kept at all."""
+        keeps the input itself, which the block keeps anyway, and drops it again in backward).
+        A gated MLP's adapted down projection keeps the gate and up outputs instead of its input
+        (``rebuilt_inputs``), and its frozen base keeps nothing: that input is not kept at all;
+        compiled without dropout the compiler keeps it all the same
+        (benchmarks/lora_block_bytes.py)."""
         kept = self.per_block * self.rank * e_c + self.block_inputs / 8
-        return tokens * (kept - self.rebuilt_inputs * e_c)
+        rebuilt = 0 if compiled and not self.block_inputs else self.rebuilt_inputs
+        return tokens * (kept - rebuilt * e_c)
 
 
 @dataclass(frozen=True)

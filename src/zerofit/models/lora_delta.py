@@ -4,25 +4,28 @@ Done module by module (PEFT's way, and zerofit's before), each adapted layer kee
 copy of the input and the dropout mask for backward: q, k and v each copy the same normalised
 hidden states. ``lora_delta`` keeps the input itself (one tensor, so layers that read the same
 input share it), the dropout mask packed eight to a byte, and the rank-r intermediate; backward
-drops the input again from the mask. On a Llama layer with dropout 0.05 that keeps ~35 bytes per
-token and hidden unit where the module-by-module update keeps ~55: the same values and gradients.
+drops the input again from the mask: the same values and gradients.
 
-The update is a custom operator (``zerofit::lora_delta``, with its backward as another), opaque to
-``torch.compile``: inside a compiled block the compiler would otherwise choose what to keep, and it
-keeps each layer's dropped input (a dropped value depends on a random draw, which it will not
-redraw), ~8 bytes per token and hidden unit more than eager. On CUDA the operators' bodies run as
-``torch.compile``d kernels of their own (``lean_ops.fused``). Their FLOPs are registered with
-``torch.utils.flop_counter``, which cannot see inside a custom operator.
+Each update is an autograd function whose backward rebuilds what it needs from what it keeps: a
+mask packed in bits is not the expression forward used, so a compiler tracing both into one graph
+cannot fold the two and keep the dropped input instead (with boolean masks it did: ~8 bytes per
+token and hidden unit more than eager). A gated MLP's down projection (``lora_delta_gated``)
+keeps the gate and up outputs, which the SwiGLU keeps anyway, instead of its input.
+`benchmarks/lora_block_bytes.py` counts what a QLoRA Llama block keeps: with dropout 0.05, 28.45
+bytes per token and hidden unit eager and 24.45 compiled, from 43.76 and 51.76; with dropout 0
+compiled, the compiler still keeps the down projection's input (34.26, as before). They stay autograd
+functions, not custom operators, so that a compiled block runs them inside its own graph: an
+opaque operator costs a Python call per layer, which at small micro-batches leaves the GPU idle.
+On CUDA outside a compiled block their bodies run as ``torch.compile``d kernels
+(``lean_ops.fused``).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import register_flop_formula
 
 from zerofit.models.lean_ops import fused, swiglu_grads, swiglu_values
 
@@ -83,94 +86,21 @@ def _delta_bwd(
     return grad_x, grad_a, grad_b
 
 
-@torch.library.custom_op("zerofit::lora_delta", mutates_args=())
-def _delta_op(
-    x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dropout: float, scale: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return fused(_delta_fwd, x, a, b, dropout, scale)  # type: ignore[no-any-return]
+class _LoRADelta(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dropout: float, scale: float
+    ) -> torch.Tensor:
+        out, packed, h = fused(_delta_fwd, x, a, b, dropout, scale)
+        ctx.save_for_backward(x, packed, h, a, b)
+        ctx.dropout, ctx.scale = dropout, scale
+        return out
 
-
-@_delta_op.register_fake
-def _delta_fake(
-    x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dropout: float, scale: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    lead = x.shape[:-1]
-    packed = -(-x.numel() // 8) if dropout > 0 else NO_MASK
-    return (
-        x.new_empty((*lead, b.shape[0])),
-        x.new_empty(packed, dtype=torch.uint8),
-        x.new_empty((*lead, a.shape[0])),
-    )
-
-
-@torch.library.custom_op("zerofit::lora_delta_backward", mutates_args=())
-def _delta_backward_op(
-    grad: torch.Tensor,
-    x: torch.Tensor,
-    packed: torch.Tensor,
-    h: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    dropout: float,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return fused(_delta_bwd, grad, x, packed, h, a, b, dropout, scale)  # type: ignore[no-any-return]
-
-
-@_delta_backward_op.register_fake
-def _delta_backward_fake(
-    grad: torch.Tensor,
-    x: torch.Tensor,
-    packed: torch.Tensor,
-    h: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    dropout: float,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return torch.empty_like(x), torch.empty_like(a), torch.empty_like(b)
-
-
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
-    x, a, b, dropout, scale = inputs
-    _, packed, h = output
-    ctx.save_for_backward(x, packed, h, a, b)
-    ctx.dropout, ctx.scale = dropout, scale
-
-
-def _backward(ctx: Any, grad: torch.Tensor, *_unused: Any) -> tuple[torch.Tensor | None, ...]:
-    x, packed, h, a, b = ctx.saved_tensors
-    grads = _delta_backward_op(grad.contiguous(), x, packed, h, a, b, ctx.dropout, ctx.scale)
-    return (*grads, None, None)
-
-
-_delta_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-def _matmul_flops(x_shape: torch.Size, a_shape: torch.Size, b_shape: torch.Size) -> int:
-    """Two FLOPs per multiply-add of ``x @ a.T`` then ``@ b.T``: the forward's matmuls."""
-    rows = math.prod(x_shape[:-1])
-    return 2 * rows * a_shape[0] * (a_shape[1] + b_shape[0])
-
-
-@register_flop_formula(torch.ops.zerofit.lora_delta)
-def _delta_flops(x_shape: Any, a_shape: Any, b_shape: Any, *_args: Any, **_kw: Any) -> int:
-    return _matmul_flops(x_shape, a_shape, b_shape)
-
-
-@register_flop_formula(torch.ops.zerofit.lora_delta_backward)
-def _delta_backward_flops(
-    grad_shape: Any,
-    x_shape: Any,
-    packed: Any,
-    h: Any,
-    a_shape: Any,
-    b_shape: Any,
-    *_: Any,
-    **__: Any,
-) -> int:
-    """Four matmuls, each the size of one of the forward's two: twice the forward."""
-    return 2 * _matmul_flops(x_shape, a_shape, b_shape)
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, packed, h, a, b = ctx.saved_tensors
+        grads = fused(_delta_bwd, grad, x, packed, h, a, b, ctx.dropout, ctx.scale)
+        return (*grads, None, None)
 
 
 def _gated_bwd(
@@ -192,88 +122,28 @@ def _gated_bwd(
     return grad_gate, grad_up, grad_a, grad_b
 
 
-@torch.library.custom_op("zerofit::lora_delta_gated", mutates_args=())
-def _gated_op(
-    act: torch.Tensor,
-    gate: torch.Tensor,
-    up: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    dropout: float,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return fused(_delta_fwd, act, a, b, dropout, scale)  # type: ignore[no-any-return]
+class _LoRADeltaGated(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        act: torch.Tensor,
+        gate: torch.Tensor,
+        up: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        dropout: float,
+        scale: float,
+    ) -> torch.Tensor:
+        out, packed, h = fused(_delta_fwd, act, a, b, dropout, scale)
+        ctx.save_for_backward(gate, up, packed, h, a, b)
+        ctx.dropout, ctx.scale = dropout, scale
+        return out
 
-
-@_gated_op.register_fake
-def _gated_fake(
-    act: torch.Tensor,
-    gate: torch.Tensor,
-    up: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    dropout: float,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _delta_fake(act, a, b, dropout, scale)
-
-
-@torch.library.custom_op("zerofit::lora_delta_gated_backward", mutates_args=())
-def _gated_backward_op(
-    grad: torch.Tensor,
-    gate: torch.Tensor,
-    up: torch.Tensor,
-    packed: torch.Tensor,
-    h: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    dropout: float,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return fused(_gated_bwd, grad, gate, up, packed, h, a, b, dropout, scale)  # type: ignore[no-any-return]
-
-
-@_gated_backward_op.register_fake
-def _gated_backward_fake(
-    grad: torch.Tensor,
-    gate: torch.Tensor,
-    up: torch.Tensor,
-    packed: torch.Tensor,
-    h: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    dropout: float,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return tuple(torch.empty_like(t) for t in (gate, up, a, b))  # type: ignore[return-value]
-
-
-def _gated_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
-    _, gate, up, a, b, dropout, scale = inputs
-    _, packed, h = output
-    ctx.save_for_backward(gate, up, packed, h, a, b)
-    ctx.dropout, ctx.scale = dropout, scale
-
-
-def _gated_backward(ctx: Any, grad: torch.Tensor, *_unused: Any) -> tuple[torch.Tensor | None, ...]:
-    gate, up, packed, h, a, b = ctx.saved_tensors
-    grads = _gated_backward_op(grad.contiguous(), gate, up, packed, h, a, b, ctx.dropout, ctx.scale)
-    return (None, *grads, None, None)  # the input's gradient flows through gate and up
-
-
-_gated_op.register_autograd(_gated_backward, setup_context=_gated_setup)
-
-
-@register_flop_formula(torch.ops.zerofit.lora_delta_gated)
-def _gated_flops(act_shape: Any, _gate: Any, _up: Any, a_shape: Any, b_shape: Any, *_: Any) -> int:
-    return _matmul_flops(act_shape, a_shape, b_shape)
-
-
-@register_flop_formula(torch.ops.zerofit.lora_delta_gated_backward)
-def _gated_backward_flops(
-    _grad: Any, gate_shape: Any, _up: Any, _p: Any, _h: Any, a_shape: Any, b_shape: Any, *_: Any
-) -> int:
-    return 2 * _matmul_flops(gate_shape, a_shape, b_shape)
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        gate, up, packed, h, a, b = ctx.saved_tensors
+        grads = fused(_gated_bwd, grad, gate, up, packed, h, a, b, ctx.dropout, ctx.scale)
+        return (None, *grads, None, None)  # the input's gradient flows through gate and up
 
 
 def lora_delta_gated(
@@ -294,8 +164,8 @@ def lora_delta_gated(
         dtype = torch.get_autocast_dtype(act.device.type)
         act, gate, up, a, b = (t.to(dtype) for t in (act, gate, up, a, b))
     with torch.autocast(act.device.type, enabled=False):
-        out, _, _ = _gated_op(act, gate, up, a, b, dropout if training else 0.0, scale)
-    return out
+        p = dropout if training else 0.0
+        return _LoRADeltaGated.apply(act, gate, up, a, b, p, scale)  # type: ignore[no-any-return]
 
 
 def lora_delta(
@@ -313,5 +183,5 @@ def lora_delta(
         dtype = torch.get_autocast_dtype(x.device.type)
         x, a, b = x.to(dtype), a.to(dtype), b.to(dtype)
     with torch.autocast(x.device.type, enabled=False):
-        out, _, _ = _delta_op(x, a, b, dropout if training else 0.0, scale)
-    return out
+        p = dropout if training else 0.0
+        return _LoRADelta.apply(x, a, b, p, scale)  # type: ignore[no-any-return]

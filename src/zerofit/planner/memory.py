@@ -244,7 +244,7 @@ def _block_bytes(m: ModelShape, w: Workload, s: Strategy) -> float:
     """All one block saves for backward (with LoRA, its adapters' activations too)."""
     e_c = BYTES[w.compute_dtype]
     per_block = block_activation_bytes(m, w.tokens, e_c, s.compile)
-    adapters = w.lora.activation_bytes(w.tokens, e_c) if w.lora else 0.0
+    adapters = w.lora.activation_bytes(w.tokens, e_c, s.compile) if w.lora else 0.0
     return per_block + adapters
 
 
