@@ -508,3 +508,52 @@ def test_qlora_trains_compiled_under_first_k_checkpointing(tmp_path: Path) -> No
     run = train_run(tmp_path, "qlora", extra, "--nproc", "1")
     got = losses(run)
     assert len(got) == 10 and got[10] < got[1] - 0.3, got
+
+
+@pytest.mark.parametrize("p", [0.25, 0.5])
+def test_lean_lora_drops_and_rescales_the_same_inputs_in_backward_on_cuda(p: float) -> None:
+    """On CUDA the lean update runs as compiled kernels that pack the mask in bits: with A = B = I
+    the update is ``scale * mask * x / (1 - p)``, so the mask reads back, and backward must unpack
+    the same one."""
+    import torch
+
+    from zerofit.models.lora_delta import lora_delta
+
+    n, scale = 128, 1.5
+    torch.manual_seed(0)
+    x = (torch.rand(8, 37, n, device="cuda") + 1.0).requires_grad_()
+    eye = torch.eye(n, device="cuda")
+    out = lora_delta(x, eye, eye, p, scale, training=True)
+    kept = out.detach() / (scale * x.detach() / (1 - p))
+    assert set(kept.round(decimals=3).unique().tolist()) == {0.0, 1.0}
+    assert 0.5 * p < (kept < 0.5).float().mean().item() < 1.5 * p
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, scale * kept / (1 - p), atol=1e-5, rtol=0)
+
+
+def test_a_gated_down_projection_matches_the_plain_one_on_cuda() -> None:
+    """``forward_gated`` (gate and up kept, the input rebuilt in backward) against ``forward``,
+    with the compiled kernels CUDA runs, no dropout: the same values and gradients."""
+    import torch
+
+    from zerofit.models.lean_ops import swiglu
+    from zerofit.models.lora import LoRALinear
+
+    torch.manual_seed(6)
+    layer = LoRALinear(torch.nn.Linear(96, 64, bias=False), 8, 16.0, 0.0).cuda()
+    layer.weight.requires_grad_(False)
+    with torch.no_grad():  # the factors start uninitialised (torch.empty): fill both
+        layer.lora_A.weight.normal_(0, 0.1)
+        layer.lora_B.weight.normal_()
+    gate0 = torch.randn(2, 33, 96, device="cuda")
+    up0 = torch.randn(2, 33, 96, device="cuda")
+    results = []
+    for gated in (False, True):
+        layer.zero_grad()
+        gate, up = gate0.clone().requires_grad_(), up0.clone().requires_grad_()
+        act = swiglu(gate, up)
+        out = layer.forward_gated(act, gate, up) if gated else layer(act)
+        out.square().sum().backward()
+        grads = (gate.grad, up.grad, layer.lora_A.weight.grad, layer.lora_B.weight.grad)
+        results.append((out.detach(), *grads))
+    torch.testing.assert_close(results[0], results[1], rtol=1e-4, atol=1e-4)
