@@ -123,6 +123,11 @@ def test_device_breakdown_from_kernels() -> None:
         ("Memcpy HtoD", 1),
     ]
     assert s["top"][0]["share"] == pytest.approx(38 / 82)
+    # the host: aten::mm at 11-13 is its only op in the step
+    assert s["host_busy"] == pytest.approx(0.02)
+    assert [(t["name"], t["calls"], t["total_ms"]) for t in s["top_host"]] == [
+        ("aten::mm", 1, 0.002)
+    ]
 
 
 def test_kernel_attribution_follows_the_launch() -> None:

@@ -209,7 +209,9 @@ def top_table(items: list[tuple[str, float]], top: int) -> list[dict[str, Any]]:
 
 
 def analyze(events: list[Event], top: int = 10) -> dict[str, Any]:
-    """The step-time breakdown and the top kernels (or ops) of the profiled steps."""
+    """The step-time breakdown and the top kernels (or ops) of the profiled steps. On a GPU also
+    the share of the steps in which the host ran an op (``host_busy``: near 1 with an idle device
+    means the host is what the step waits on) and the host ops by self time (``top_host``)."""
     steps = _spans(ev for ev in events if ev.kind == STEP)
     wall = length(steps)
     if wall <= 0:
@@ -220,6 +222,11 @@ def analyze(events: list[Event], top: int = 10) -> dict[str, Any]:
     mine = [ev for ev in events if ev.kind == kind and _inside(ev.start_us, steps)]
     items = [(ev.name, ev.dur_us) for ev in mine] if device else self_times(mine)
     ms = {p: length(parts[p]) / 1e3 for p in PARTS}
+    host = {}
+    if device:  # where the host's time went while the device waited or ran: its ops' self time
+        ops = [ev for ev in events if ev.kind == OP and _inside(ev.start_us, steps)]
+        busy = length(intersect(_spans(ops), steps))
+        host = {"host_busy": round(busy / wall, 4), "top_host": top_table(self_times(ops), top)}
     return {
         "device": "cuda" if device else "cpu",
         "steps": sum(ev.kind == STEP for ev in events),
@@ -229,6 +236,7 @@ def analyze(events: list[Event], top: int = 10) -> dict[str, Any]:
         "comm_overlap": round(overlap / wall, 4),
         "top_by": "device time" if device else "self CPU time",
         "top": top_table(items, top),
+        **host,
     }
 
 
