@@ -179,3 +179,67 @@ def test_model_hf_alone_selects_the_folder_and_nothing_selects_tiny(tmp_path: Pa
     (tmp_path / "tokenizer.json").write_text("{}")  # a tokenizer in the folder: 'auto' takes it
     assert load_config(None, [f"model.hf={tmp_path}"]).data.tokenizer == str(tmp_path)
     assert load_config(None, ["model.preset=null"]).model.preset == "tiny"
+
+
+@pytest.mark.parametrize("action", ["show", "schema"])
+def test_config_writes_to_its_out_file(tmp_path: Path, capsys, action: str) -> None:  # noqa: ANN001
+    """`config show -o F` and `config schema -o F` write F (nothing on stdout), the same text
+    they print without -o; a folder as F is one clear line."""
+    from zerofit.cli import main
+
+    extra = ["--train.steps", "7"] if action == "show" else []
+    assert main(["config", action, *extra]) == 0
+    printed = capsys.readouterr().out
+    out = tmp_path / f"{action}.out"
+    assert main(["config", action, "-o", str(out), *extra]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"wrote {out}" in captured.err
+    assert out.read_text() == printed
+    if action == "show":
+        assert yaml.safe_load(out.read_text())["train"]["steps"] == 7
+    assert main(["config", action, "-o", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
+
+
+def _noisy(fn):  # noqa: ANN001, ANN202
+    """`fn` as a library that, on first use, makes a stdout log handler (DeepSpeed's logger at
+    import: bound to the stdout of that moment) and logs a warning through it, and prints."""
+    import logging
+    import sys
+
+    def wrapped(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        logger = logging.getLogger("zerofit-test-noisy-library")
+        logger.addHandler(logging.StreamHandler(sys.stdout))
+        logger.warning("[WARNING] Setting accelerator to CPU")
+        print("a stray print")
+        return fn(*args, **kwargs)
+
+    return wrapped
+
+
+@pytest.mark.parametrize(
+    ("argv", "target"),
+    [
+        (["ds-config"], "zerofit.commands.engine_files.resolve"),
+        (["config", "show"], "zerofit.commands.config.load_config"),
+        (["plan", "--preset", "tiny", "--gpus", "2", "--gpu-mem", "24GB", "--json"],
+         "zerofit.commands.plan.plan"),
+    ],
+    ids=["ds-config", "config-show", "plan-json"],
+)  # fmt: skip
+def test_data_commands_print_only_their_data(argv, target, monkeypatch, capsys) -> None:  # noqa: ANN001
+    """Whatever a dependency prints or logs to stdout while a data command runs goes to stderr:
+    stdout parses."""
+    import json
+
+    from zerofit.cli import main
+
+    module, name = target.rsplit(".", 1)
+    monkeypatch.setattr(
+        f"{module}.{name}", _noisy(getattr(__import__(module, fromlist=[name]), name))
+    )
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "Setting accelerator" in captured.err and "a stray print" in captured.err
+    parse = json.loads if argv[0] != "config" else yaml.safe_load
+    assert parse(captured.out)

@@ -251,8 +251,9 @@ def test_written_config_round_trips_with_the_choices(tmp_path: Path, capsys) -> 
     out = tmp_path / "best.yaml"
     args = (*PLAN, "--gpu-mem", "24GB", "--global-batch", "64", "--json", "--write", str(out))
     assert main(list(args)) == 0
-    text = capsys.readouterr().out
-    data = json.loads(text[: text.rindex("}") + 1])
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)  # with --json stdout is the JSON alone; notes go to stderr
+    text = captured.err
     assert data["workload"]["global_batch_size"] == 64
     first = data["options"][0]
     assert first["strategy"] == data["recommendation"] and first["fits"]

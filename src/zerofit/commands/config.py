@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 from pydantic import TypeAdapter
@@ -17,6 +17,7 @@ from zerofit.backends.catalog import RunConfig
 from zerofit.config import to_dict
 from zerofit.errors import UserError
 from zerofit.launch.run_config import load_config
+from zerofit.report.quiet import data_output
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("action", choices=["schema", "show"])
     p.add_argument("-c", "--config", help="show: a YAML config (default: the embedded defaults)")
-    p.add_argument("-o", "--out", help="schema: write to this file instead of stdout")
+    p.add_argument("-o", "--out", help="write to this file instead of stdout")
     p.set_defaults(run=run, takes_overrides=True)
 
 
@@ -59,17 +60,30 @@ def _standard_bounds(node: Any) -> Any:
     return node
 
 
+def _emit(text: str, out: str | None, stdout: TextIO) -> None:
+    """`text` to the file `out` (written whole, then renamed into place), else to `stdout`."""
+    if not out:
+        stdout.write(text)
+        return
+    path = Path(out)
+    if path.is_dir():
+        raise UserError(f"--out {out} is a folder: give a file name")
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as e:
+        raise UserError(f"cannot write {out}: {e.strerror or e}") from None
+    print(f"wrote {out}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    if args.action == "schema":
-        if overrides or args.config:
-            raise UserError("config schema takes no config; it describes every config")
-        text = json.dumps(json_schema(), indent=1) + "\n"
-        if args.out:
-            Path(args.out).write_text(text)
-            print(f"wrote {args.out}")
+    with data_output() as stdout:
+        if args.action == "schema":
+            if overrides or args.config:
+                raise UserError("config schema takes no config; it describes every config")
+            text = json.dumps(json_schema(), indent=1) + "\n"
         else:
-            sys.stdout.write(text)
-        return 0
-    cfg = load_config(args.config, overrides)
-    sys.stdout.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            text = yaml.safe_dump(to_dict(load_config(args.config, overrides)), sort_keys=False)
+        _emit(text, args.out, stdout)
     return 0

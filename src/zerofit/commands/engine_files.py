@@ -16,6 +16,7 @@ from zerofit.config import with_fields
 from zerofit.launch.resolve import resolve
 from zerofit.launch.run_config import load_config
 from zerofit.planner.shape import visible_gpus
+from zerofit.report.quiet import data_output
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,10 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(engine: Engine, args: argparse.Namespace, overrides: list[str]) -> int:
-    cfg = load_config(args.config, overrides)
-    cfg = with_fields(cfg, {"parallel.backend": engine.name})
-    gpus = visible_gpus()
-    world = (args.nproc or gpus or 2) * args.nnodes
-    cfg = resolve(cfg, world, "cuda" if gpus else "cpu")
-    print(engine.render_file(cfg, world))
+    with data_output() as stdout:  # the file alone on stdout, whatever the engine's library prints
+        cfg = load_config(args.config, overrides)
+        cfg = with_fields(cfg, {"parallel.backend": engine.name})
+        gpus = visible_gpus()
+        world = (args.nproc or gpus or 2) * args.nnodes
+        cfg = resolve(cfg, world, "cuda" if gpus else "cpu")
+        print(engine.render_file(cfg, world), file=stdout)
     return 0

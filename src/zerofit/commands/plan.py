@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 import zerofit.commands.plan_measure as plan_measure
 from zerofit.backends.terms import Workload
@@ -40,6 +40,7 @@ from zerofit.planner.shape import (
     parse_size,
     with_gpu,
 )
+from zerofit.report.quiet import data_output
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,7 +66,10 @@ def _one_line_error(message: str) -> NoReturn:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    return cmd_plan(args)
+    if not args.json:
+        return cmd_plan(args, sys.stdout)
+    with data_output() as stdout:  # the JSON alone on stdout, whatever the libraries print
+        return cmd_plan(args, stdout)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -325,7 +329,7 @@ def _write(
     print(f"wrote {args.write}{note}")
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def cmd_plan(args: argparse.Namespace, stdout: TextIO) -> int:
     args = _numbers(args)
     measuring = plan_measure.settings(args)  # checked before anything runs
     shape, base = _model_and_base(args)
@@ -343,7 +347,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         data = to_json(shape, w, hw, options, fixed, refused)
         data["with_adapters"] = [{"way": x.name, "overrides": x.overrides, "fits": x.fits,
                                   **option_json(x.best, w)} for x in ways]  # fmt: skip
-        print(json.dumps(data, indent=1))
+        print(json.dumps(data, indent=1), file=stdout)
     else:
         print_tables(shape, w, hw, options, args.all, fixed, refused)
         if ways:

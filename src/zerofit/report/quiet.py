@@ -31,6 +31,7 @@ import re
 import sys
 import warnings
 from collections.abc import Iterator
+from typing import TextIO
 
 _PYTREE_NOTICE = "is now natively supported by torch.compile as an opaque value type"
 _DS_CPU_FALLBACK = "Setting accelerator to CPU"
@@ -99,6 +100,17 @@ def deepspeed_setup() -> Iterator[None]:
             yield
         finally:
             out.close_pending()
+
+
+@contextlib.contextmanager
+def data_output() -> Iterator[TextIO]:
+    """Around a command whose stdout is data (`ds-config`, `config show`/`schema`, `plan --json`):
+    whatever runs inside and prints to stdout goes to stderr instead (a library's log handler made
+    while it is imported binds to the stdout of that moment, as DeepSpeed's does; a stray print).
+    The command writes its data to the stream this yields: the real stdout."""
+    real = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        yield real
 
 
 @contextlib.contextmanager
