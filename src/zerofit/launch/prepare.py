@@ -21,6 +21,7 @@ from zerofit.config import Config, explicit_keys, save_config
 from zerofit.config.limits import shown
 from zerofit.errors import UserError
 from zerofit.launch.options import LaunchOptions, PreparedRun
+from zerofit.launch.requirements import check_installed
 from zerofit.launch.resolve import resolve
 from zerofit.report.metrics import truncate_metrics
 from zerofit.train.inputs import build_inputs, checkpoint_meta, make_loader, resolve_steps
@@ -117,6 +118,7 @@ def prepare_run(
     """Every check that can fail on user input, then the run directory and its resolved config."""
     steps_given = "train.steps" in explicit_keys(cfg)  # lost by the replace()s below
     cfg = resolve(_expand_user(cfg), world_size, device_type)
+    check_installed(cfg)  # before anything imports them, and before any worker starts
     inputs = build_inputs(cfg, world_size)  # raises if the data cannot fill one global batch
     cfg, data_note = resolve_steps(cfg, inputs.data, world_size, steps_given)  # train.epochs
     make_loader(cfg, inputs.data, 0, world_size)
