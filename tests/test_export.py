@@ -305,6 +305,31 @@ def test_cli_errors(fsdp_run: Path, tmp: Path, capsys: pytest.CaptureFixture[str
     assert not (tmp / "never").exists() and not list(tmp.glob("never.tmp-*"))
 
 
+def test_an_export_inside_a_run_or_checkpoint_is_refused(
+    fsdp_run: Path, tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Written inside a checkpoint, an export is damage to the next resume, and a later save of
+    that step deletes it: refused inside this run, any checkpoint and any other run folder."""
+    step = fsdp_run / "checkpoints" / "step_00000004"
+    before = sorted(p.relative_to(fsdp_run) for p in fsdp_run.rglob("*"))
+    other = tmp / "other-run"
+    (other / "checkpoints").mkdir(parents=True)
+    (other / "config.yaml").write_text("{}")
+    loose = tmp / "a-copied-checkpoint"
+    loose.mkdir()
+    (loose / "manifest.json").write_text("{}")
+    for out, why in (
+        (step / "hf", f"inside the checkpoint {step}"),
+        (fsdp_run / "exports" / "hf", "inside the run being exported"),
+        (other / "hf", f"inside the run {other}"),
+        (loose / "deeper" / "hf", f"inside the checkpoint {loose}"),
+    ):
+        line = _fails_here(capsys, str(fsdp_run), "--out", str(out))
+        assert why in line and "export outside any run folder" in line, line
+        assert not out.exists()
+    assert sorted(p.relative_to(fsdp_run) for p in fsdp_run.rglob("*")) == before
+
+
 @pytest.mark.slow
 def test_a_failed_export_leaves_nothing(
     fsdp_run: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch

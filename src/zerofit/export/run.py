@@ -35,6 +35,7 @@ from zerofit.checkpoint import (
     verify,
 )
 from zerofit.checkpoint.compat import first_difference
+from zerofit.checkpoint.manifest import MANIFEST
 from zerofit.checkpoint.neutral import MODEL, NeutralView, open_reader
 from zerofit.config import Config, sizes
 from zerofit.data import load_tokenizer
@@ -248,6 +249,26 @@ def _check_out(out: Path) -> None:
         raise UserError(f"--out {out} already exists and is not empty")
 
 
+def _zerofit_folder(out: Path, ckpt_dir: Path, run_dir: Path) -> str | None:
+    """The run or checkpoint folder that `out` (resolved) lies in, if any: this run's folder or
+    checkpoint root, any folder with a checkpoint manifest, or any run folder (a config.yaml
+    beside a checkpoints folder or metrics.jsonl). A later resume or save there would treat the
+    export as damage, or delete it."""
+    own = {
+        run_dir.resolve(): "the run being exported",
+        ckpt_dir.resolve().parent: "its checkpoints",
+    }
+    for folder in (out, *out.parents):
+        if folder in own:
+            return f"{own[folder]} ({folder})"
+        if (folder / MANIFEST).exists():
+            return f"the checkpoint {folder}"
+        marks = (folder / "checkpoints").is_dir() or (folder / "metrics.jsonl").is_file()
+        if (folder / "config.yaml").is_file() and marks:
+            return f"the run {folder}"
+    return None
+
+
 def _write_model(plan: ExportPlan, folder: Path, dtype: str, shards: list[list[int]]) -> None:
     """config.json, generation_config.json, the shards (LoRA merged) and tokenizer files."""
     from transformers import GenerationConfig  # optional: transformers (the hf extra)
@@ -295,6 +316,9 @@ def export_checkpoint(
     LoRA, the adapters merged, or (``adapter``) a PEFT adapter folder."""
     out = out.resolve()
     _check_out(out)
+    inside = _zerofit_folder(out, ckpt_dir, run_dir)
+    if inside:
+        raise UserError(f"--out {out} is inside {inside}: export outside any run folder")
     plan = plan_export(ckpt_dir, run_dir, dtype)
     if adapter and plan.lora is None:
         raise UserError(f"--adapter: {run_dir} trained no LoRA adapters (model.lora.rank is 0)")
