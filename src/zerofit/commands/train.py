@@ -31,7 +31,7 @@ def _options_epilog() -> str:
         "examples:",
         "  zerofit train                                   # tiny model, stdlib corpus, all GPUs or 2 CPU procs",
         "  zerofit train -c cfg.yaml --nproc 8 --train.steps 1000 --parallel.backend auto",
-        "  zerofit train -c cfg.yaml --resume               # continue from the latest complete checkpoint",
+        "  zerofit train -c cfg.yaml --log.run_dir runs/a --resume  # continue runs/a from its latest complete checkpoint",
     ]
     return "\n".join(lines)
 

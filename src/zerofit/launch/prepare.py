@@ -64,7 +64,8 @@ def _find_resume(cfg: Config, resume: str) -> tuple[Path, Path, dict, list[str]]
     """(run_dir, checkpoint, its meta, skip notes) for --resume [PATH].
 
     A checkpoint named explicitly must verify; otherwise the newest one that verifies is taken,
-    with one note per newer checkpoint skipped as damaged."""
+    with one note per newer checkpoint skipped as damaged. Without a path, only this run's own
+    checkpoints are looked at (its ``log.run_dir``)."""
     if resume != "latest":
         path = Path(resume)
         if not path.exists():
@@ -73,18 +74,12 @@ def _find_resume(cfg: Config, resume: str) -> tuple[Path, Path, dict, list[str]]
             run_dir = Path(cfg.log.run_dir) if cfg.log.run_dir else path.parent.parent
             return run_dir, path, ckpt.verify(path), []
         return (path, *ckpt.select_checkpoint(ckpt.checkpoint_root(cfg.checkpoint.dir, path)))
-    if cfg.log.run_dir:
-        run_dir = Path(cfg.log.run_dir)
-        return (run_dir, *ckpt.select_checkpoint(ckpt.checkpoint_root(cfg.checkpoint.dir, run_dir)))
-    runs = sorted(
-        (p for p in Path("runs").glob("*") if ckpt.step_dirs(p / "checkpoints")),
-        key=lambda p: p.stat().st_mtime,
-    )
-    if not runs:
+    if not cfg.log.run_dir:  # the newest run under runs/ may be another run's: never guess
         raise UserError(
-            "--resume: no run with a checkpoint under runs/; pass a path or set log.run_dir"
+            "--resume: which run? set log.run_dir to the run's folder (or pass --resume RUN_DIR)"
         )
-    return (runs[-1], *ckpt.select_checkpoint(runs[-1] / "checkpoints"))
+    run_dir = Path(cfg.log.run_dir)
+    return (run_dir, *ckpt.select_checkpoint(ckpt.checkpoint_root(cfg.checkpoint.dir, run_dir)))
 
 
 def _new_run_dir(cfg: Config) -> Path:
