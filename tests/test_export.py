@@ -320,13 +320,24 @@ def test_an_export_inside_a_run_or_checkpoint_is_refused(
     (loose / "manifest.json").write_text("{}")
     for out, why in (
         (step / "hf", f"inside the checkpoint {step}"),
-        (fsdp_run / "exports" / "hf", "inside the run being exported"),
+        (fsdp_run / "hf", "inside the run being exported"),
+        (fsdp_run / "checkpoints" / "hf", "inside its checkpoints"),
         (other / "hf", f"inside the run {other}"),
         (loose / "deeper" / "hf", f"inside the checkpoint {loose}"),
     ):
         line = _fails_here(capsys, str(fsdp_run), "--out", str(out))
         assert why in line and "export outside any run folder" in line, line
         assert not out.exists()
+    assert sorted(p.relative_to(fsdp_run) for p in fsdp_run.rglob("*")) == before
+    # the run's own export/ folder, where checkpoint.export_final writes, is allowed
+    from zerofit.cli import main
+
+    mine = fsdp_run / "export" / "mine"
+    assert main(["export", str(fsdp_run), "--out", str(mine)]) == 0
+    assert (mine / "config.json").is_file()
+    shutil.rmtree(mine)
+    if not any(mine.parent.iterdir()):
+        mine.parent.rmdir()
     assert sorted(p.relative_to(fsdp_run) for p in fsdp_run.rglob("*")) == before
 
 

@@ -119,10 +119,14 @@ def _export_final(cfg: Config, run_dir: Path) -> None:
     (launcher) process once the workers are gone: no GPU memory, no process group."""
     if not cfg.checkpoint.export_final:
         return
-    from zerofit.export.run import export_checkpoint, find_checkpoint  # torch-free path: torch
+    from zerofit.export.run import (  # torch-free path: torch
+        EXPORTS,
+        export_checkpoint,
+        find_checkpoint,
+    )
 
     ckpt = find_checkpoint(run_dir, None)
-    out = run_dir / "export" / ckpt.name
+    out = run_dir / EXPORTS / ckpt.name
     if out.exists():
         print(f"export: {out} already exists; left as it is")
         return

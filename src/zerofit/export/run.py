@@ -244,6 +244,9 @@ def plan_export(ckpt_dir: Path, run_dir: Path, dtype: str) -> ExportPlan:
     )
 
 
+EXPORTS = "export"  # a run's own folder of Hugging Face exports (checkpoint.export_final)
+
+
 def _check_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} already exists and is not empty")
@@ -253,7 +256,10 @@ def _zerofit_folder(out: Path, ckpt_dir: Path, run_dir: Path) -> str | None:
     """The run or checkpoint folder that `out` (resolved) lies in, if any: this run's folder or
     checkpoint root, any folder with a checkpoint manifest, or any run folder (a config.yaml
     beside a checkpoints folder or metrics.jsonl). A later resume or save there would treat the
-    export as damage, or delete it."""
+    export as damage, or delete it. This run's own ``export/`` folder (EXPORTS), where
+    ``checkpoint.export_final`` writes, is the one place inside a run that is allowed."""
+    if out.is_relative_to(run_dir.resolve() / EXPORTS):
+        return None
     own = {
         run_dir.resolve(): "the run being exported",
         ckpt_dir.resolve().parent: "its checkpoints",
