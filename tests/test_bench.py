@@ -60,11 +60,11 @@ def test_best_overall_and_per_engine() -> None:
         Result("d", [], "deepspeed", "oom"),
     ]
     assert best(rs).name == "b" and best(rs, "deepspeed").name == "c"
-    assert best_lines(rs) == [
-        "best: b (30 tokens/s)",
+    assert best_lines(rs) == [  # each variant named once: the overall best with its engine
+        "best: b (fsdp, 30 tokens/s)",
         "best deepspeed: c (20 tokens/s)",
-        "best fsdp: b (30 tokens/s)",
     ]
+    assert best_lines(rs[:2]) == ["best: b (30 tokens/s)"]  # one engine: no engine named
     assert best([rs[3]]) is None and best_lines([rs[3]]) == []
 
 
@@ -133,6 +133,7 @@ def test_bench_runs_every_engine_on_cpu(tmp_path: Path) -> None:
     assert "| ddp | ok |" in md and "too long: failed" in md
     for png in ("throughput.png", "memory.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
-    assert "best:" in proc.stdout
-    for engine in ("ddp", "fsdp"):  # several engines: the best of each is named too
-        assert f"best {engine}: {engine}" in proc.stdout
+    top = data["best"]  # several engines: the best of each is named once
+    assert f"best: {top} ({top}, " in proc.stdout
+    other = ({"ddp", "fsdp"} - {top}).pop()
+    assert f"best {other}: {other}" in proc.stdout and f"best {top}:" not in proc.stdout

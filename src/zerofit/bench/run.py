@@ -210,17 +210,19 @@ def best(results: list[Result], backend: str | None = None) -> Result | None:
 
 
 def best_lines(results: list[Result]) -> list[str]:
-    """'best: ...' overall, and per engine when several engines ran."""
+    """'best: ...' overall (with its engine when several engines ran), then the best of each
+    other engine: no variant is named twice."""
     top = best(results)
     if top is None:
         return []
-    lines = [f"best: {top.name} ({top.tokens_per_s:,.0f} tokens/s)"]
     engines = sorted({r.backend for r in results})
-    if len(engines) > 1:
-        for engine in engines:
-            b = best(results, engine)
-            if b is not None:
-                lines.append(f"best {engine}: {b.name} ({b.tokens_per_s:,.0f} tokens/s)")
+    several = len(engines) > 1
+    engine = f"{top.backend}, " if several else ""
+    lines = [f"best: {top.name} ({engine}{top.tokens_per_s:,.0f} tokens/s)"]
+    for other in engines if several else []:
+        b = best(results, other)
+        if b is not None and b is not top:
+            lines.append(f"best {other}: {b.name} ({b.tokens_per_s:,.0f} tokens/s)")
     return lines
 
 
