@@ -34,22 +34,17 @@ from zerofit.report.saved_tensors import saved_bytes
 TOKENS = (2, 256)
 
 
-def build(lora: bool = True, lean_lora: bool = True) -> LlamaForCausalLM:
+def qlora_model(
+    cfg: LlamaConfig, dropout: float = 0.05, lora: bool = True, lean_lora: bool = True
+) -> LlamaForCausalLM:
+    """`cfg`'s Llama in bf16 with zerofit's lean ops and, with `lora`, every linear layer LoRA
+    r16 (alpha 32) over an NF4 base quantised from its own random weights (seed 0)."""
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        hidden_size=512,
-        intermediate_size=1024,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        num_hidden_layers=4,
-        vocab_size=1024,
-        attn_implementation="sdpa",
-    )
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     apply_lean_ops(model)
     layers = linear_layers(model) if lora else {}
     weights = {n: layer.weight.detach().clone() for n, layer in layers.items()}
-    inject(model, list(layers), 16, 32, 0.05, lean_lora, frozenset(layers))
+    inject(model, list(layers), 16, 32, dropout, lean_lora, frozenset(layers))
     model.to(torch.bfloat16)
     with torch.no_grad():
         for name, weight in weights.items():
@@ -59,6 +54,19 @@ def build(lora: bool = True, lean_lora: bool = True) -> LlamaForCausalLM:
             layer.lora_A.weight.normal_(0, 0.02)
             layer.lora_B.weight.normal_(0, 0.02)
     return model
+
+
+def build(lora: bool = True, lean_lora: bool = True) -> LlamaForCausalLM:
+    cfg = LlamaConfig(
+        hidden_size=512,
+        intermediate_size=1024,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        num_hidden_layers=4,
+        vocab_size=1024,
+        attn_implementation="sdpa",
+    )
+    return qlora_model(cfg, 0.05, lora, lean_lora)
 
 
 def prepared(way: str) -> torch.nn.Module:

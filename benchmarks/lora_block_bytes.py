@@ -16,19 +16,16 @@ import sys
 
 import torch
 import transformers
+from ac_saved_bytes import qlora_model  # the sibling benchmark's model (run from benchmarks/)
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from zerofit.distributed.parallelize import apply_compile
-from zerofit.models.lean_ops import apply_lean_ops
-from zerofit.models.lora import inject, linear_layers
-from zerofit.models.nf4 import quantize
 from zerofit.report.saved_tensors import saved_bytes
 
 HIDDEN, TOKENS = 1024, (1, 512)
 
 
 def build(layers: int, dropout: float) -> LlamaForCausalLM:
-    torch.manual_seed(0)
     cfg = LlamaConfig(
         hidden_size=HIDDEN,
         intermediate_size=int(3.5 * HIDDEN),
@@ -38,19 +35,7 @@ def build(layers: int, dropout: float) -> LlamaForCausalLM:
         vocab_size=1024,
         attn_implementation="sdpa",
     )
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    apply_lean_ops(model)
-    found = linear_layers(model)
-    weights = {n: layer.weight.detach().clone() for n, layer in found.items()}
-    inject(model, list(found), 16, 32, dropout, True, frozenset(found))
-    model.to(torch.bfloat16)
-    with torch.no_grad():
-        for name, weight in weights.items():
-            layer = model.get_submodule(name)
-            for piece, value in quantize(weight).items():
-                getattr(layer.nf4, piece).copy_(value)
-            layer.lora_B.weight.normal_(0, 0.02)
-    return model
+    return qlora_model(cfg, dropout)
 
 
 def kept(layers: int, dropout: float, compiled: bool) -> int:

@@ -55,9 +55,26 @@ def one_b() -> dict[str, list]:
     }
 
 
-def _recommended(rel: str) -> dict:
+def recommended(rel: str, strategy: str | None = None) -> dict:
+    """The plan's option for `strategy`, by default the one it recommends."""
     plan = _load(rel)
-    return next(o for o in plan["options"] if o["strategy"] == plan["recommendation"])
+    name = strategy or plan["recommendation"]
+    return next(o for o in plan["options"] if o["strategy"] == name)
+
+
+def heldout_row(option: dict, run: dict) -> list:
+    """A forecast beside its measured run: strategy, memory forecast, measured and % over, then
+    tokens/s the same."""
+    mem, tps = option["peak_allocated_gib"], option["tokens_per_s"]
+    return [
+        option["strategy"],
+        mem,
+        run["mem_alloc_gib"],
+        100 * (mem / run["mem_alloc_gib"] - 1),
+        tps,
+        run["tokens_per_s"],
+        100 * (tps / run["tokens_per_s"] - 1),
+    ]
 
 
 def forecasts() -> dict[str, list]:
@@ -67,7 +84,7 @@ def forecasts() -> dict[str, list]:
         ("70B, one H200", PLAN_70B),
         ("70B, 2x RTX 4090", PLAN_2X4090),
     ):
-        o = _recommended(rel)
+        o = recommended(rel)
         split = f"{o['micro_batch_size']} x {o['grad_accum_steps']}"
         out[label] = [
             o["strategy"],
@@ -145,22 +162,10 @@ def h200_8b_splits() -> dict[str, list]:
 def heldout_v2() -> dict[str, list]:
     r70 = _load(C6_70B)["70b-qlora-zerofit"]["results"][0]
     r8 = {r["name"]: r for r in _load(C6_8B)["8b-qlora-zerofit"]["results"]}["recipe defaults"]
-    rows = {}
-    for label, plan, r in (
-        ("70B, 4 x 1, one H200", _recommended(PLAN_70B_4X1), r70),
-        ("8B, 4 x 4, one H200 capped at 23 GiB", _recommended(PLAN_8B_V2), r8),
-    ):
-        mem, tps = plan["peak_allocated_gib"], plan["tokens_per_s"]
-        rows[label] = [
-            plan["strategy"],
-            mem,
-            r["mem_alloc_gib"],
-            100 * (mem / r["mem_alloc_gib"] - 1),
-            tps,
-            r["tokens_per_s"],
-            100 * (tps / r["tokens_per_s"] - 1),
-        ]
-    return rows
+    return {
+        "70B, 4 x 1, one H200": heldout_row(recommended(PLAN_70B_4X1), r70),
+        "8B, 4 x 4, one H200 capped at 23 GiB": heldout_row(recommended(PLAN_8B_V2), r8),
+    }
 
 
 def h200_70b() -> dict[str, list]:

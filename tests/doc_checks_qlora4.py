@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from doc_checks_qlora import heldout_row, recommended
 from doc_checks_speed2 import _load
 
 DOC = "docs/benchmarks/2026-12-05-qlora-session4.md"
@@ -55,32 +56,16 @@ def h100_8b() -> dict[str, list]:
     return rows
 
 
-def _recommended(rel: str, strategy: str | None = None) -> dict:
-    plan = _load(rel)
-    name = strategy or plan["recommendation"]
-    return next(o for o in plan["options"] if o["strategy"] == name)
-
-
 def heldout() -> dict[str, list]:
     runs = _runs()
-    rows = {}
-    for label, split, strategy, run in (
-        ("4 x 4", "4x4", None, "recipe defaults (4 x 4) (call 2)"),
-        ("2 x 8", "2x8", None, "2 x 8, planner (call 3)"),
-        ("1 x 16", "1x16", "DDP", "ddp 1 x 16, no AC (call 2)"),
-    ):
-        o, r = _recommended(PLANS[split], strategy), runs[run]
-        mem, tps = o["peak_allocated_gib"], o["tokens_per_s"]
-        rows[label] = [
-            o["strategy"],
-            mem,
-            r["mem_alloc_gib"],
-            100 * (mem / r["mem_alloc_gib"] - 1),
-            tps,
-            r["tokens_per_s"],
-            100 * (tps / r["tokens_per_s"] - 1),
-        ]
-    return rows
+    return {
+        label: heldout_row(recommended(PLANS[split], strategy), runs[run])
+        for label, split, strategy, run in (
+            ("4 x 4", "4x4", None, "recipe defaults (4 x 4) (call 2)"),
+            ("2 x 8", "2x8", None, "2 x 8, planner (call 3)"),
+            ("1 x 16", "1x16", "DDP", "ddp 1 x 16, no AC (call 2)"),
+        )
+    }
 
 
 def host_rss() -> dict[str, list]:

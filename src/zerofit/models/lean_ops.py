@@ -30,7 +30,7 @@ from torch import nn
 if TYPE_CHECKING:
     from zerofit.models.build import ModelSpec
 
-_GATED = ("gate_proj", "up_proj", "down_proj")
+GATED = ("gate_proj", "up_proj", "down_proj")
 
 
 _COMPILED: dict[Any, Any] = {}
@@ -148,7 +148,7 @@ def _is_norm(module: nn.Module) -> bool:
 
 
 def _is_gated_mlp(module: nn.Module) -> bool:
-    return all(isinstance(getattr(module, n, None), nn.Module) for n in _GATED) and isinstance(
+    return all(isinstance(getattr(module, n, None), nn.Module) for n in GATED) and isinstance(
         getattr(module, "act_fn", None), nn.Module
     )
 
@@ -173,7 +173,7 @@ def _probe_mlp(module: nn.Module) -> bool:
     probe._modules = dict(module._modules)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for name, shape in zip(_GATED, ((12, 8), (12, 8), (8, 12)), strict=True):
+        for name, shape in zip(GATED, ((12, 8), (12, 8), (8, 12)), strict=True):
             layer = nn.Linear(shape[1], shape[0], bias=False)
             layer.weight.copy_(torch.randn(shape, generator=gen))
             probe._modules[name] = layer

@@ -33,6 +33,7 @@ from torch import nn
 from zerofit.errors import UserError
 from zerofit.models import ModelSpec
 from zerofit.models.init import param_seed
+from zerofit.models.lean_ops import GATED
 from zerofit.models.lora_delta import lora_delta, lora_delta_gated
 from zerofit.models.loss import LMHead
 from zerofit.models.nf4 import (
@@ -358,24 +359,27 @@ def adapter_count(module: nn.Module) -> int:
     return sum(p.numel() for n, p in module.named_parameters() if is_adapter(n))
 
 
+def _adapted(block: nn.Module) -> list[LoRALinear]:
+    return [m for m in block.modules() if isinstance(m, LoRALinear)]
+
+
+def _most_adapted_block(spec: ModelSpec) -> nn.Module:
+    """The decoder block with the most adapted layers (the first of equals)."""
+    return max(spec.module.get_submodule(spec.blocks_path), key=lambda b: len(_adapted(b)))
+
+
 def block_adapters(spec: ModelSpec) -> list[LoRALinear]:
     """The adapted layers of the decoder block that has the most."""
-    blocks = spec.module.get_submodule(spec.blocks_path)
-    return max(([m for m in b.modules() if isinstance(m, LoRALinear)] for b in blocks), key=len)
+    return _adapted(_most_adapted_block(spec))
 
 
 def gated_inputs(spec: ModelSpec) -> int:
     """Input features of the adapted layers in the largest block whose input the lean update does
     not keep: a gated MLP's down projection (``LoRALinear.forward_gated``, which ``lean_ops``
     calls), which keeps the gate and up outputs instead."""
-    layers = block_adapters(spec)
-    if not layers:
-        return 0
-    blocks = spec.module.get_submodule(spec.blocks_path)
-    block = next(b for b in blocks if any(m is layers[0] for m in b.modules()))
-    names = ("gate_proj", "up_proj", "down_proj")
-    gated = [m for m in block.modules() if all(hasattr(m, n) for n in names)]
-    return sum(m.down_proj.in_features for m in gated if any(m.down_proj is x for x in layers))
+    block = _most_adapted_block(spec)
+    gated = [m for m in block.modules() if all(hasattr(m, n) for n in GATED)]
+    return sum(m.down_proj.in_features for m in gated if isinstance(m.down_proj, LoRALinear))
 
 
 def quantized_counts(spec: ModelSpec) -> tuple[int, int, int]:

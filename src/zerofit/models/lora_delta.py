@@ -146,6 +146,24 @@ class _LoRADeltaGated(torch.autograd.Function):
         return (None, *grads, None, None)  # the input's gradient flows through gate and up
 
 
+def _apply(
+    fn: type[torch.autograd.Function],
+    tensors: tuple[torch.Tensor, ...],
+    dropout: float,
+    scale: float,
+    training: bool,
+) -> torch.Tensor:
+    """``fn.apply(*tensors, dropout, scale)``, dropout only when ``training`` (as ``nn.Dropout``).
+    Under autocast the tensors are cast to its dtype first, as ``F.linear`` would cast them, and
+    the function runs with autocast off: it computes in its inputs' dtype."""
+    device = tensors[0].device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        tensors = tuple(t.to(dtype) for t in tensors)
+    with torch.autocast(device, enabled=False):
+        return fn.apply(*tensors, dropout if training else 0.0, scale)  # type: ignore[no-any-return]
+
+
 def lora_delta_gated(
     act: torch.Tensor,
     gate: torch.Tensor,
@@ -160,12 +178,7 @@ def lora_delta_gated(
     `gate` and `up` for backward, which the SwiGLU keeps already, instead of `act` (3.5 hidden
     widths a token on Llama): backward rebuilds `act` and returns the gradients of `gate` and
     `up` (none for `act`, which is theirs)."""
-    if torch.is_autocast_enabled(act.device.type):
-        dtype = torch.get_autocast_dtype(act.device.type)
-        act, gate, up, a, b = (t.to(dtype) for t in (act, gate, up, a, b))
-    with torch.autocast(act.device.type, enabled=False):
-        p = dropout if training else 0.0
-        return _LoRADeltaGated.apply(act, gate, up, a, b, p, scale)  # type: ignore[no-any-return]
+    return _apply(_LoRADeltaGated, (act, gate, up, a, b), dropout, scale, training)
 
 
 def lora_delta(
@@ -177,11 +190,5 @@ def lora_delta(
     training: bool = True,
 ) -> torch.Tensor:
     """``scale * (dropout(x) @ a.T) @ b.T``; ``a`` [r, in], ``b`` [out, r]. Dropout only when
-    ``training``, as ``nn.Dropout``. Under autocast the three are cast to its dtype first, as
-    ``F.linear`` would be (the operator itself computes in its inputs' dtype)."""
-    if torch.is_autocast_enabled(x.device.type):
-        dtype = torch.get_autocast_dtype(x.device.type)
-        x, a, b = x.to(dtype), a.to(dtype), b.to(dtype)
-    with torch.autocast(x.device.type, enabled=False):
-        p = dropout if training else 0.0
-        return _LoRADelta.apply(x, a, b, p, scale)  # type: ignore[no-any-return]
+    ``training``, as ``nn.Dropout``; under autocast, computed in its dtype (`_apply`)."""
+    return _apply(_LoRADelta, (x, a, b), dropout, scale, training)
