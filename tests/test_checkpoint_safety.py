@@ -351,7 +351,7 @@ def test_a_symlink_or_fifo_is_never_read(runs, tmp_path: Path) -> None:  # noqa:
     target = ckpt / "model" / "__1_0.distcp"
     target.rename(tmp_path / "elsewhere")
     target.symlink_to(tmp_path / "elsewhere")  # same bytes, but not a file of the checkpoint
-    with pytest.raises(UserError, match="__1_0.distcp is not a regular file"):
+    with pytest.raises(UserError, match="__1_0.distcp is a symbolic link"):
         verify(ckpt)
     target.unlink()
     os.mkfifo(target)  # reading it would block forever

@@ -99,7 +99,7 @@ def _loss_runs(page: _Tokens) -> list[str]:
 
 
 def _count(out: str, label: str) -> str:
-    found = re.search(rf"│ {re.escape(label)}\s+│\s+(.+?) │", out)
+    found = re.search(rf"[│|] {re.escape(label)}\s+[│|]\s+(.+?) [│|]", out)  # rich or markdown
     assert found, f"no {label!r} in:\n{out}"
     return found.group(1).strip()
 

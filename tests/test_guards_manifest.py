@@ -169,7 +169,56 @@ def test_a_symlink_in_place_of_a_file_is_refused(tmp_path: Path) -> None:
     target.write_bytes(FILES["rank1.json"])  # the same bytes: still refused
     (root / "rank1.json").unlink()
     (root / "rank1.json").symlink_to(target)
-    assert refused(root).endswith("rank1.json is not a regular file")
+    assert refused(root).endswith(
+        "rank1.json is a symbolic link (a checkpoint holds its own files only)"
+    )
+
+
+def _other_run(tmp_path: Path) -> Path:
+    """Another run's ``model/`` folder: the same file names, other bytes."""
+    other = make(
+        tmp_path / "other" / "model",
+        {k[len("model/") :]: b"other weights" for k in FILES if k.startswith("model/")},
+    )
+    return other
+
+
+def test_a_symlinked_folder_is_refused_even_with_a_manifest_made_for_it(tmp_path: Path) -> None:
+    """Issue 27: ``model/`` replaced by a link to another run's ``model/`` and the manifest
+    regenerated: the manifest never saw the files behind the link, so it vouched for nothing.
+    The link is named, whatever the manifest says."""
+    root = sealed(tmp_path)
+    for f in (root / "model").iterdir():
+        f.unlink()
+    (root / "model").rmdir()
+    (root / "model").symlink_to(_other_run(tmp_path), target_is_directory=True)
+    seal(root)  # the tester's regenerated manifest
+    assert refused(root) == (
+        f"checkpoint {root}: model is a symbolic link (a checkpoint holds its own files only)"
+    )
+
+
+def test_a_link_anywhere_in_the_tree_is_refused(tmp_path: Path) -> None:
+    root = sealed(tmp_path)
+    (root / "model" / "deeper").mkdir()
+    (root / "model" / "deeper" / "x").symlink_to(tmp_path / "nowhere")  # dangling: still named
+    assert refused(root).endswith(
+        "model/deeper/x is a symbolic link (a checkpoint holds its own files only)"
+    )
+
+
+def test_a_symlinked_checkpoint_folder_or_manifest_is_refused(tmp_path: Path) -> None:
+    root = sealed(tmp_path)
+    link = tmp_path / "step_00000006"
+    link.symlink_to(root, target_is_directory=True)
+    with pytest.raises(UnsafeCheckpointError, match=r"step_00000006 is a symbolic link"):
+        manifest.verify(link)
+    (tmp_path / "kept.json").write_bytes((root / "manifest.json").read_bytes())
+    (root / "manifest.json").unlink()
+    (root / "manifest.json").symlink_to(tmp_path / "kept.json")
+    assert refused(root).endswith(
+        "manifest.json is a symbolic link (a checkpoint holds its own files only)"
+    )
 
 
 def test_a_fifo_in_place_of_a_file_is_refused(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ imports torch and the engine library only when a run starts). `catalog.ENGINES` 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +40,15 @@ def checkpoint_readers() -> dict[str, Callable[[Path], Any]]:
     }
 
 
+def checkpoint_files(saved: dict[str, Any]) -> Iterator[tuple[str, ...]] | None:
+    """The files under a checkpoint's ``model/`` (`Engine.checkpoint_files`), asked of an engine
+    that writes its format (meta.json ``saved``); None when no engine writes that format."""
+    for e in ENGINES.values():
+        if e.checkpoint_format == saved.get("format"):
+            return e.checkpoint_files(saved)
+    return None
+
+
 def library_versions() -> dict[str, str | None]:
     """The installed version of each engine's own library (None: not installed), by package."""
     out: dict[str, str | None] = {}
@@ -52,4 +61,11 @@ def library_versions() -> dict[str, str | None]:
     return out
 
 
-__all__ = ["checkpoint_readers", "engine_of", "engines", "get_engine", "library_versions"]
+__all__ = [
+    "checkpoint_files",
+    "checkpoint_readers",
+    "engine_of",
+    "engines",
+    "get_engine",
+    "library_versions",
+]

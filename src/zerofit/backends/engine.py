@@ -10,7 +10,7 @@ holds the registry; nothing outside an engine's package compares engine names.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -89,6 +89,16 @@ class Engine(Generic[OptionsT]):
             return None
         module, name = self.checkpoint_reader.split(":")
         return getattr(importlib.import_module(module), name)
+
+    def checkpoint_files(self, saved: dict[str, Any]) -> Iterator[tuple[str, ...]]:
+        """The files under a checkpoint's ``model/`` that this engine's ``save`` writes, for the
+        checkpoint's meta.json ``saved`` (in this engine's format): one entry a file, the names it
+        may have. A verified checkpoint lacking one is damaged (`zerofit.checkpoint.verify`).
+        DCP: ``.metadata``, and one ``__<rank>_0.distcp`` per rank (written even when empty).
+        ValueError when ``saved`` is no layout of this format."""
+        yield (".metadata",)
+        for rank in range(saved["world_size"]):
+            yield (f"__{rank}_0.distcp",)
 
     # ------------------------------------------------------------------ planner
 

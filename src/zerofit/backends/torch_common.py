@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from zerofit.backends.base import DTYPE, Backend, Gate
-from zerofit.checkpoint.neutral import READ_ERRORS, checkpoint_error, open_reader
+from zerofit.checkpoint.neutral import READ_ERRORS, checkpoint_error, index_file, open_reader
 from zerofit.config.schema import OptimConfig
 from zerofit.faults.nonfinite import StepResult
 from zerofit.models import nf4
@@ -127,12 +127,12 @@ class TorchBackend(Backend):
         """DCP reshards across world sizes and between DDP and FSDP2 itself; other engines'
         files come through their registered reader under the same keys."""
         state, model_sd, groups = self._tensor_state()
+        reader = open_reader(path, saved["format"], self.readers)
         try:
-            reader = open_reader(path, saved["format"], self.readers)
             reader.read_metadata()  # refused here, in one line, before DCP logs its fallbacks
             dcp.load(state, storage_reader=reader)
         except READ_ERRORS as e:
-            raise checkpoint_error(path.parent, e) from None
+            raise checkpoint_error(path.parent, e, index_file(reader)) from None
         set_state_dict(
             self.model,
             self.optimizer,

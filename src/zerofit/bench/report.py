@@ -11,41 +11,58 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from zerofit.backends import library_versions
+from zerofit.bench.charts import on_cpu, write_charts
 from zerofit.bench.run import Result, best, best_lines
 from zerofit.report.memory_history import MEMORY_HISTORY_STEPS
 from zerofit.report.profiling import PARTS
+from zerofit.report.tables import Align, TextTable, print_lines, print_table
 
-COLUMNS: list[tuple[str, str, str]] = [  # (Result attribute, header, format)
-    ("tokens_per_s", "tokens/s", "{:,.0f}"),
-    ("real_tokens_per_s", "real tokens/s", "{:,.0f}"),
-    ("tokens_per_s_per_gpu", "tokens/s/GPU", "{:,.0f}"),
-    ("tflops_per_gpu", "TFLOP/s/GPU", "{:.1f}"),
-    ("mfu", "MFU", "{:.1%}"),
-    ("step_time_s", "step s (median)", "{:.3f}"),
-    ("mem_alloc_gib", "peak alloc GiB", "{:.1f}"),
-    ("mem_reserved_gib", "peak reserved GiB", "{:.1f}"),
-    ("alloc_retries", "alloc retries", "{:,}"),
-    ("final_loss", "final loss", "{:.4f}"),
+COLUMNS: list[tuple[str, str, str, str]] = [  # (Result attribute, header, short header, format)
+    ("tokens_per_s", "tokens/s", "tok/s", "{:,.0f}"),
+    ("real_tokens_per_s", "real tokens/s", "real tok/s", "{:,.0f}"),
+    ("tokens_per_s_per_gpu", "tokens/s/GPU", "tok/s /GPU", "{:,.0f}"),
+    ("tflops_per_gpu", "TFLOP/s/GPU", "TFLOP/s /GPU", "{:.1f}"),
+    ("mfu", "MFU", "MFU", "{:.1%}"),
+    ("step_time_s", "step s (median)", "step s", "{:.3f}"),
+    ("mem_alloc_gib", "peak alloc GiB", "alloc GiB", "{:.1f}"),
+    ("mem_reserved_gib", "peak reserved GiB", "resv GiB", "{:.1f}"),
+    ("alloc_retries", "alloc retries", "retries", "{:,}"),
+    ("final_loss", "final loss", "loss", "{:.4f}"),
 ]
+# a CPU run's mem_alloc_gib: rank 0's peak resident set size (header, short header)
+CPU_MEMORY = ("peak host RSS GiB", "RSS GiB")
 
 
 def cells(r: Result) -> list[str]:
     row = [r.name, r.status]
-    for attr, _, fmt in COLUMNS:
+    for attr, _, _, fmt in COLUMNS:
         value = getattr(r, attr)
         row.append(fmt.format(value) if value is not None else "-")
     return row
 
 
-def headers() -> list[str]:
-    return ["variant", "status", *(h for _, h, _ in COLUMNS)]
+def headers(cpu: bool = False, short: bool = False) -> list[str]:
+    """The columns' names (``short``: for a narrow terminal); on CPU the memory is host RSS."""
+    names = [
+        CPU_MEMORY[1 if short else 0]
+        if cpu and attr == "mem_alloc_gib"
+        else (brief if short else head)
+        for attr, head, brief, _ in COLUMNS
+    ]
+    return ["variant", "status", *names]
+
+
+def results_table(results: list[Result], meta: dict[str, Any]) -> TextTable:
+    """The variants side by side."""
+    align: list[Align] = ["left", "left", *(["right"] * len(COLUMNS))]
+    cpu = on_cpu(meta)
+    table = TextTable("zerofit bench", headers(cpu), align, short=headers(cpu, short=True))
+    for r in results:
+        table.add_row(cells(r), None if r.status == "ok" else "red")
+    return table
 
 
 def environment() -> dict[str, Any]:
@@ -68,13 +85,14 @@ def markdown(results: list[Result], meta: dict[str, Any]) -> str:
         "",
         f"- GPU: {meta['env']['gpu'] or 'none (CPU)'} x {meta['nproc']}; torch {meta['env']['torch']}"
         + "".join(f", {lib} {meta['env'].get(lib)}" for lib in library_versions()),
+        *([f"- model: {meta['model']}"] if meta.get("model") else []),
         f"- command: `{meta['command']}`",
         f"- median step time over {meta['steps']} steps after {meta['warmup']} warm-up steps",
         "",
-        "| " + " | ".join(headers()) + " |",
-        "|" + "---|" * 2 + "---:|" * len(COLUMNS),
+        *results_table(results, meta).markdown(),
     ]
-    lines += ["| " + " | ".join(cells(r)) + " |" for r in results]
+    if on_cpu(meta):
+        lines += ["", f"{CPU_MEMORY[0]}: the peak resident set size of rank 0's process (CPU)."]
     failed = [r for r in results if r.status != "ok"]
     if failed:
         lines += ["", *(f"- {r.name}: {r.status}: {r.error}" for r in failed)]
@@ -106,8 +124,15 @@ def profile_cells(r: Result) -> list[str]:
     return [r.name, *shares, f"{p['comm_overlap']:.1%}", trace]
 
 
-def profile_headers() -> list[str]:
-    return ["variant", *PARTS, "comm overlapped", "trace"]
+def profile_table(profiled: list[Result], trace: bool) -> TextTable:
+    """Each profiled variant's shares of step time (and its trace file, if ``trace``)."""
+    heads = ["variant", *PARTS, "comm overlapped", "trace"]
+    align: list[Align] = ["left", *(["right"] * (len(PARTS) + 1)), "left"]
+    keep = len(heads) if trace else len(heads) - 1
+    table = TextTable("where the step time went (profiled steps, rank 0)", heads[:keep], align)
+    for r in profiled:
+        table.add_row(profile_cells(r)[:keep])
+    return table
 
 
 def top_rows(profile: dict[str, Any], top: int) -> tuple[str, list[list[str]]]:
@@ -128,9 +153,7 @@ def profile_markdown(results: list[Result], steps: int) -> list[str]:
         "",
         f"## Where the step time went ({steps} profiled steps after the timed ones, rank 0)",
         "",
-        "| " + " | ".join(profile_headers()) + " |",
-        "|---|" + "---:|" * (len(PARTS) + 1) + "---|",
-        *("| " + " | ".join(profile_cells(r)) + " |" for r in profiled),
+        *profile_table(profiled, trace=True).markdown(),
         "",
         "Shares of the profiled steps' wall time (definitions: `zerofit.report.profiling`); "
         "'comm overlapped' is the time communication ran alongside compute.",
@@ -145,43 +168,6 @@ def profile_markdown(results: list[Result], steps: int) -> list[str]:
     return lines
 
 
-def charts(results: list[Result], out: Path) -> list[Path]:
-    names = [r.name for r in results]
-    written = []
-    specs = [
-        ("throughput.png", "tokens/s", [[r.tokens_per_s or 0.0 for r in results]], ["tokens/s"]),
-        (
-            "memory.png",
-            "GiB",
-            [
-                [r.mem_alloc_gib or 0.0 for r in results],
-                [r.mem_reserved_gib or 0.0 for r in results],
-            ],
-            ["peak allocated", "peak reserved"],
-        ),
-    ]
-    for filename, unit, series, labels in specs:
-        fig = Figure(figsize=(max(6.0, 0.9 * len(names) + 2), 4.5))
-        FigureCanvasAgg(fig)
-        ax = fig.add_subplot()
-        width = 0.8 / len(series)
-        for j, (values, label) in enumerate(zip(series, labels, strict=True)):
-            xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(names))]
-            ax.bar(xs, values, width, label=label)
-        for i, r in enumerate(results):
-            if r.status != "ok":
-                ax.annotate(r.status, (i, 0), ha="center", va="bottom", color="red")
-        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel(unit)
-        ax.set_title(f"zerofit bench: {unit} by variant")
-        if len(series) > 1:
-            ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / filename, dpi=120)
-        written.append(out / filename)
-    return written
-
-
 def write_report(results: list[Result], out: Path, meta: dict[str, Any]) -> None:
     top = best(results)
     data = {
@@ -191,43 +177,34 @@ def write_report(results: list[Result], out: Path, meta: dict[str, Any]) -> None
     }
     (out / "results.json").write_text(json.dumps(data, indent=1))
     (out / "results.md").write_text(markdown(results, meta))
-    charts(results, out)
+    write_charts(data, out)
 
 
-def print_table(results: list[Result]) -> None:
-    table = Table(title="zerofit bench")
-    for i, h in enumerate(headers()):
-        table.add_column(h, justify="left" if i < 2 else "right")
-    for r in results:
-        style = None if r.status == "ok" else "red"
-        table.add_row(*cells(r), style=style)
-    console = Console()
-    console.print(table)
+def print_results(
+    results: list[Result], meta: dict[str, Any], console: Console | None = None
+) -> None:
+    """The table, the failures, the best variants and any profiles on ``console`` (default:
+    stdout's): markdown where it is not a terminal, else fitted to it (`zerofit.report.tables`)."""
+    console = console or Console()
+    print_table(results_table(results, meta), console)
     for r in results:
         if r.status != "ok":
-            console.print(f"[red]{r.name}: {r.status}: {r.error}[/red]")
-    for line in best_lines(results):
-        console.print(line)
+            print_lines(console, [f"{r.name}: {r.status}: {r.error}"], style="red")
+    print_lines(console, best_lines(results))
     print_profiles(results, console)
 
 
 def print_profiles(results: list[Result], console: Console) -> None:
-    """Each profiled variant's breakdown and top kernels (cells are `Text`: kernel names are not
-    markup)."""
+    """Each profiled variant's breakdown and top kernels (the trace paths were printed as each
+    variant finished)."""
     profiled = [r for r in results if r.profile]
     if not profiled:
         return
-    table = Table(title="where the step time went (profiled steps, rank 0)")
-    for i, h in enumerate(profile_headers()[:-1]):  # the trace paths are printed per variant
-        table.add_column(h, justify="right" if i else "left")
-    for r in profiled:
-        table.add_row(*map(Text, profile_cells(r)[:-1]))
-    console.print(table)
+    print_table(profile_table(profiled, trace=False), console)
     for r in profiled:
         what, rows = top_rows(r.profile or {}, 5)
-        top = Table(title=f"{r.name}: top {what}s by {(r.profile or {})['top_by']}")
-        for i, h in enumerate([what, "calls", "total ms", "share"]):
-            top.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+        title = f"{r.name}: top {what}s by {(r.profile or {})['top_by']}"
+        top = TextTable(title, [what, "calls", "total ms", "share"], ["left", *["right"] * 3])
         for row in rows:
-            top.add_row(*map(Text, row))
-        console.print(top)
+            top.add_row(row)
+        print_table(top, console)

@@ -31,6 +31,7 @@ class Variant:
     name: str
     overrides: list[str]  # dotted key=value, applied after the shared ones
     backend: str = ""  # filled in once the variant's config is loaded
+    model: str = ""  # likewise: its model, as charts and results.md name it
 
 
 @dataclass

@@ -14,15 +14,18 @@ format directly, or any other engine's through the engine-neutral view (``neutra
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from zerofit.backends import checkpoint_files
 from zerofit.checkpoint import manifest, rank_state
-from zerofit.errors import UnsafeCheckpointError, UserError
+from zerofit.errors import DamagedFile, UnsafeCheckpointError, UserError
 from zerofit.faults.report import describe_os_error, find_os_error
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -93,9 +96,39 @@ def read_meta(ckpt: Path) -> dict[str, Any]:
 
 
 def verify(ckpt: Path) -> dict[str, Any]:
-    """Manifest first (every byte), then meta.json; returns the meta."""
-    manifest.verify(ckpt)
-    return read_meta(ckpt)
+    """Manifest first (no link, every byte), then meta.json, then that every file the engine
+    reads back is there (`check_layout`); returns the meta."""
+    files = manifest.verify(ckpt)
+    meta = read_meta(ckpt)
+    check_layout(ckpt, meta, files)
+    return meta
+
+
+def check_layout(ckpt: Path, meta: dict[str, Any], files: Collection[str]) -> None:
+    """UnsafeCheckpointError naming the first file a checkpoint of this meta must hold that
+    ``files`` (its manifest, verified) lacks: meta.json, each rank's state, and the model files
+    its format's engine writes (`zerofit.backends.checkpoint_files`)."""
+    world, fmt = meta["world_size"], meta["format"]
+    if world < 1:
+        raise UnsafeCheckpointError(f"checkpoint {ckpt}: meta.json has a bad world_size: {world}")
+    try:
+        model = checkpoint_files(meta)
+        if model is None:
+            raise UnsafeCheckpointError(
+                f"checkpoint {ckpt}: meta.json has an unknown format {fmt!r}"
+            )
+        ranks = ((f"rank{r}.json",) for r in range(world))
+        for names in itertools.chain(
+            [("meta.json",)], ranks, (tuple(f"model/{n}" for n in m) for m in model)
+        ):
+            if not any(n in files for n in names):
+                raise UnsafeCheckpointError(
+                    f"checkpoint {ckpt}: {names[0]} is missing ({fmt} on {world} rank(s) writes it)"
+                )
+    except (ValueError, KeyError, TypeError) as e:
+        raise UnsafeCheckpointError(
+            f"checkpoint {ckpt}: meta.json's layout is not one of format {fmt!r} ({e})"
+        ) from None
 
 
 def select_checkpoint(root: Path) -> tuple[Path, dict[str, Any], list[str]]:
@@ -112,8 +145,9 @@ def select_checkpoint(root: Path) -> tuple[Path, dict[str, Any], list[str]]:
     for ckpt in reversed(committed):
         try:
             return ckpt, verify(ckpt), skipped
-        except UserError as e:
-            skipped.append(f"skipping damaged checkpoint {ckpt.name}: {e}")
+        except UserError as e:  # its line names the checkpoint in full: here, by its name
+            why = str(e).removeprefix(f"checkpoint {ckpt}: ").removeprefix(f"checkpoint {ckpt} ")
+            skipped.append(f"skipping damaged checkpoint {ckpt.name}: {why}")
     if skipped:
         raise UserError(f"--resume: no checkpoint under {root} verifies (newest: {skipped[0]})")
     raise UserError(f"--resume: no complete checkpoint under {root}")
@@ -214,4 +248,7 @@ def load_rank_state(
 ) -> tuple[dict[str, Any], bool]:
     """This rank's saved state, and whether it is its own (same world size) or rank 0's."""
     own = meta["world_size"] == world_size
-    return rank_state.read(ckpt / f"rank{rank if own else 0}.json"), own
+    try:
+        return rank_state.read(ckpt / f"rank{rank if own else 0}.json"), own
+    except DamagedFile as e:
+        raise UnsafeCheckpointError(e.line(ckpt)) from None

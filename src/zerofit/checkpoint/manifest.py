@@ -6,7 +6,9 @@ so one big shard hashes on many cores: one DCP file per rank is the norm, 18 GB 
 The save hashes in parallel (files dealt round-robin to the ranks, each rank hashing its blocks on
 a thread pool, streaming), then rank 0 writes the manifest and renames ``step_N.tmp`` to
 ``step_N``: the rename stays the commit point. ``verify`` re-hashes the same way on one host before
-anything is loaded, and names the first file that differs.
+anything is loaded, and names the first file that differs. Before that, `check_tree` refuses a
+checkpoint holding anything but its own folders and regular files: a symbolic link anywhere (a
+folder's included: the manifest would never see the files behind it), a FIFO, a socket, a device.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -115,8 +118,38 @@ def _entry_ok(v: object) -> bool:
     return isinstance(blocks, list) and all(isinstance(b, str) for b in blocks)
 
 
-def verify(ckpt: Path, threads: int | None = None) -> None:
-    """Raise UnsafeCheckpointError naming the first missing, extra, resized or altered file."""
+def check_tree(ckpt: Path) -> None:
+    """Raise UnsafeCheckpointError naming the first symbolic link (file or folder, the checkpoint's
+    own folder included) or other non-regular entry under ``ckpt``: what the manifest cannot vouch
+    for is never followed or read."""
+    if ckpt.is_symlink():
+        raise UnsafeCheckpointError(
+            f"checkpoint {ckpt} is a symbolic link (name the folder it points to, if you trust it)"
+        )
+    for dirpath, dirs, names in os.walk(ckpt):  # a linked folder is listed, never entered
+        dirs.sort()
+        for name in sorted([*dirs, *names]):
+            path = Path(dirpath, name)
+            rel = path.relative_to(ckpt).as_posix()
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError as e:
+                raise UnsafeCheckpointError(
+                    f"checkpoint {ckpt}: {rel} cannot be read ({e.strerror or e})"
+                ) from None
+            if stat.S_ISLNK(mode):
+                raise UnsafeCheckpointError(
+                    f"checkpoint {ckpt}: {rel} is a symbolic link (a checkpoint holds its own "
+                    "files only)"
+                )
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                raise UnsafeCheckpointError(f"checkpoint {ckpt}: {rel} is not a regular file")
+
+
+def verify(ckpt: Path, threads: int | None = None) -> dict[str, dict]:
+    """Raise UnsafeCheckpointError naming the first link or special file (`check_tree`), then the
+    first missing, extra, resized or altered file. Returns the manifest's entries (every file)."""
+    check_tree(ckpt)
     files = read_manifest(ckpt)
     present = set(list_files(ckpt))
     for rel in sorted(files):
@@ -138,3 +171,4 @@ def verify(ckpt: Path, threads: int | None = None) -> None:
             raise UnsafeCheckpointError(
                 f"checkpoint {ckpt}: {rel} does not match its SHA-256 in the manifest"
             )
+    return files

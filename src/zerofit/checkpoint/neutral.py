@@ -24,8 +24,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.storage import StorageReader
 
-from zerofit.checkpoint.safe_load import SafeFileSystemReader, UnsafeCheckpointError
-from zerofit.errors import UserError
+from zerofit.checkpoint.safe_load import SafeFileSystemReader, reason
+from zerofit.errors import DamagedFile, UnsafeCheckpointError, UserError, one_line
 from zerofit.report import quiet
 
 MODEL = "model."
@@ -48,21 +48,31 @@ def open_reader(
     return factory(model_dir)
 
 
-def checkpoint_error(ckpt: Path, e: BaseException) -> UserError:
-    """One line for any failure while reading a checkpoint's tensors."""
-    if isinstance(e, UserError):
-        return e
+def checkpoint_error(ckpt: Path, e: BaseException, index: Path | None = None) -> UserError:
+    """One line for any failure while reading a checkpoint's tensors: a file that failed named
+    relative to ``ckpt`` (`DamagedFile.line`); a failure no file owns (DCP's planning against the
+    metadata) names ``index``, the file that describes the tensors, when given."""
     cause: BaseException = e
     failures = getattr(e, "failures", None)  # DCP's CheckpointException: {rank: (exc, tb)}
     if failures:
         first = next(iter(failures.values()))
         cause = first[0] if isinstance(first, tuple) else first
-        if isinstance(cause, UserError):
-            return cause
+    if isinstance(cause, DamagedFile):
+        return UnsafeCheckpointError(cause.line(ckpt))
+    if isinstance(cause, UserError):
+        return cause
     while cause.__cause__ is not None and not str(cause):
         cause = cause.__cause__
-    text = " ".join(str(cause).split())[:300] or type(cause).__name__
-    return UnsafeCheckpointError(f"checkpoint {ckpt} could not be read: {text}")
+    if index is not None:
+        return UnsafeCheckpointError(
+            DamagedFile(index, f"does not fit what is loaded: {reason(cause)}").line(ckpt)
+        )
+    return UnsafeCheckpointError(one_line(f"checkpoint {ckpt} could not be read: ", reason(cause)))
+
+
+def index_file(reader: StorageReader) -> Path | None:
+    """The file that describes a reader's tensors (DCP's ``.metadata``), where it has one."""
+    return getattr(reader, "index_file", None)
 
 
 class NeutralView:
@@ -93,5 +103,5 @@ class NeutralView:
             with quiet.single_process_dcp():
                 dcp.load(out, storage_reader=self.reader, no_dist=True)
         except READ_ERRORS as e:
-            raise checkpoint_error(self.where, e) from None
+            raise checkpoint_error(self.where, e, index_file(self.reader)) from None
         return out[key]

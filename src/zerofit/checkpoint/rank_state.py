@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zerofit.errors import UnsafeCheckpointError
+from zerofit.errors import DamagedFile
 
 
 def _b64(t: torch.Tensor) -> str:
@@ -59,9 +59,9 @@ def read(path: Path) -> dict[str, Any]:
     try:
         state = json.loads(path.read_text())
     except OSError as e:
-        raise UnsafeCheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+        raise DamagedFile(path, f"could not be read: {e.strerror or e}") from None
     except (ValueError, UnicodeDecodeError):
-        raise UnsafeCheckpointError(f"{path} is not valid JSON") from None
+        raise DamagedFile(path, "is not valid JSON") from None
     if not isinstance(state, dict) or not {"data", "rng", "backend"} <= set(state):
-        raise UnsafeCheckpointError(f"{path} lacks data, rng or backend state")
+        raise DamagedFile(path, "lacks data, rng or backend state")
     return state

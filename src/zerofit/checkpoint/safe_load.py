@@ -12,23 +12,34 @@ must not. Everything zerofit reads back goes through one of these:
 - ``SafeFileSystemReader``: PyTorch's DCP reader with the metadata read as above and no pickled
   (non-tensor) items: zerofit saves tensors only, so a checkpoint that asks for one is refused.
 
-A refused file raises ``UnsafeCheckpointError`` naming it; nothing in it has run.
+A refused or unreadable file raises ``DamagedFile`` naming it; nothing in it has run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.futures import Future
 
-from zerofit.errors import UnsafeCheckpointError
+from zerofit.errors import DamagedFile, UnsafeCheckpointError, UserError
 from zerofit.report import quiet
+
+__all__ = [  # UnsafeCheckpointError: what every refusal here is, for the modules reading files
+    "DamagedFile",
+    "SafeFileSystemReader",
+    "UnsafeCheckpointError",
+    "load_dcp_metadata",
+    "load_torch_file",
+    "reason",
+]
 
 _DCP_CLASSES = {
     ("torch.distributed.checkpoint.metadata", n)
@@ -73,23 +84,31 @@ def _layout(name: str) -> torch.layout:
 
 
 def load_dcp_metadata(path: Path) -> Metadata:
-    """Unpickle a DCP ``.metadata`` file through the allowlist."""
+    """Unpickle a DCP ``.metadata`` file through the allowlist. Every data file it names must be a
+    plain name in its own folder (DCP would open any path it gave: another run's files)."""
     try:
         with open(path, "rb") as f:
             meta = _MetadataUnpickler(f).load()
     except OSError as e:
-        raise UnsafeCheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+        raise DamagedFile(path, f"could not be read: {e.strerror or e}") from None
     except Exception as e:  # noqa: BLE001 - any failure of a hostile/damaged pickle is one line
-        raise UnsafeCheckpointError(f"{path} refused: {_reason(e)}") from None
-    if not isinstance(meta, Metadata):
-        raise UnsafeCheckpointError(f"{path} refused: not a checkpoint metadata record")
+        raise DamagedFile(path, f"refused: {reason(e)}") from None
+    if not isinstance(meta, Metadata) or not isinstance(meta.storage_data, dict | None):
+        raise DamagedFile(path, "refused: not a checkpoint metadata record")
+    for info in (meta.storage_data or {}).values():
+        raw = getattr(info, "relative_path", None)
+        name = str(raw) if isinstance(raw, str | PurePath) else ""
+        if name in ("", ".", "..") or "/" in name or "\\" in name:
+            raise DamagedFile(
+                path, f"refused: it names a data file outside its folder: {name or raw!r:.80}"
+            )
     return meta
 
 
-def _reason(e: BaseException) -> str:
+def reason(e: BaseException) -> str:
+    """A loader's error as a short reason: its first sentence on one line (see `DamagedFile`)."""
     text = " ".join(str(e).split()) or type(e).__name__
-    first = text.split(". ")[0]
-    return first[:300]
+    return text.split(". ")[0][:300]
 
 
 def load_torch_file(
@@ -101,9 +120,9 @@ def load_torch_file(
         with torch.serialization.safe_globals(list(allowed)), quiet.weights_only_load():
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except OSError as e:
-        raise UnsafeCheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+        raise DamagedFile(path, f"could not be read: {e.strerror or e}") from None
     except Exception as e:  # noqa: BLE001
-        raise UnsafeCheckpointError(f"{path} refused: {_reason(e)}") from None
+        raise DamagedFile(path, f"refused: {reason(e)}") from None
 
 
 class SafeFileSystemReader(FileSystemReader):
@@ -112,6 +131,7 @@ class SafeFileSystemReader(FileSystemReader):
     def __init__(self, path: str | Path) -> None:
         super().__init__(str(path))
         self._root = Path(path)
+        self.index_file = self._root / ".metadata"  # what describes the tensors
         self._metadata: Metadata | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
@@ -124,10 +144,24 @@ class SafeFileSystemReader(FileSystemReader):
         return meta
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Any:
+        """DCP's reads, one data file at a time: a file that fails is named (DamagedFile)."""
+        by_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
+            name = str(self.storage_data[item.storage_index].relative_path)
             if item.type == LoadItemType.BYTE_IO:
-                raise UnsafeCheckpointError(
-                    f"{self._root} refused: item {item.storage_index.fqn!r} is a pickled object "
-                    "(zerofit checkpoints hold tensors only)"
+                raise DamagedFile(
+                    self._root / name,
+                    f"refused: item {item.storage_index.fqn!r} is a pickled object (zerofit "
+                    "checkpoints hold tensors only)",
                 )
-        return super().read_data(plan, planner)
+            by_file.setdefault(name, []).append(item)
+        for name, items in by_file.items():
+            try:
+                super().read_data(dataclasses.replace(plan, items=items), planner).wait()
+            except UserError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a damaged file: one line naming it
+                raise DamagedFile(self._root / name, f"could not be read: {reason(e)}") from None
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from zerofit.backends import engines
 from zerofit.bench import run as bench
+from zerofit.config import Config
 from zerofit.errors import UserError
 from zerofit.launch.run_config import load_config
 
@@ -66,6 +67,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run, takes_overrides=True)
 
 
+def model_label(cfg: Config) -> str:
+    """'llama3-1b', the model folder's name, or 'tiny (n_layers=2)' with shape overrides."""
+    m = cfg.model
+    name = m.preset or Path(str(m.hf)).name
+    changed = ", ".join(f"{k}={v}" for k, v in (m.overrides or {}).items())
+    return f"{name} ({changed})" if changed else name
+
+
 def _variants(args: argparse.Namespace, overrides: list[str]) -> list:
     owners = {name: eng.own_keys() for name, eng in engines().items()}
     sweeps = [bench.parse_sweep(s) for s in args.sweep]
@@ -81,9 +90,10 @@ def _variants(args: argparse.Namespace, overrides: list[str]) -> list:
     variants += extra
     for v in variants:  # every variant's config must load before anything runs
         try:
-            v.backend = load_config(args.config, [*overrides, *v.overrides]).parallel.backend
+            cfg = load_config(args.config, [*overrides, *v.overrides])
         except UserError as e:
             raise UserError(f"variant '{v.name}': {e}") from None
+        v.backend, v.model = cfg.parallel.backend, model_label(cfg)
     if len({v.name for v in variants}) != len(variants):
         raise UserError("two variants have the same name; name each --variant differently")
     return variants
@@ -91,7 +101,7 @@ def _variants(args: argparse.Namespace, overrides: list[str]) -> list:
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     # torch-free path: `zerofit plan` imports every command module; bench.report imports torch
-    from zerofit.bench.report import environment, print_table, write_report
+    from zerofit.bench.report import environment, print_results, write_report
     from zerofit.launch.prepare import default_nproc  # torch-free path: it imports torch
 
     if args.steps < 1 or args.warmup < 0:
@@ -109,6 +119,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         "warmup": args.warmup,
         "steps": args.steps,
         "profile_steps": args.profile,
+        "model": ", ".join(dict.fromkeys(v.model for v in variants)),
         "env": environment(),
     }
     print(f"zerofit bench: {len(variants)} variant(s) -> {out}", flush=True)
@@ -126,6 +137,6 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     )
     results = bench.run_bench(variants, out, settings, on_result=report)
     write_report(results, out, meta)
-    print_table(results)
+    print_results(results, meta)
     print(f"results: {out}/results.json, results.md, throughput.png, memory.png")
     return 0 if any(r.status == "ok" for r in results) else 1

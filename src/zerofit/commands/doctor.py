@@ -11,7 +11,7 @@ from zerofit.report.doctor import diagnose, print_report
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "doctor", help="check a run directory: sharding, dtypes, batch, environment, memory"
+        "doctor", help="check a run directory: sharding, dtypes, batch, environment, memory, speed"
     )
     p.add_argument("run_dir", help="a zerofit run directory")
     p.set_defaults(run=run)

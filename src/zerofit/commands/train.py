@@ -11,6 +11,7 @@ from pathlib import Path
 
 from zerofit.config.schema import Config
 from zerofit.errors import UserError
+from zerofit.launch import run_lock
 from zerofit.launch.options import LaunchOptions
 from zerofit.launch.run_config import field_help, load_config
 from zerofit.train.worker import train_joined
@@ -73,12 +74,13 @@ def print_summary(run_dir: Path) -> None:
     from rich.console import Console  # light CLI start: rich loads once a run has finished
 
     from zerofit.report.progress import summary_table  # light CLI start: it imports rich
+    from zerofit.report.tables import print_lines, print_table  # light CLI start: rich
 
     summary_file = run_dir / "summary.json"
     console = Console()
     if summary_file.is_file():
-        console.print(summary_table(json.loads(summary_file.read_text())))
-    console.print(f"run directory: {run_dir}")
+        print_table(summary_table(json.loads(summary_file.read_text())), console)
+    print_lines(console, [f"run directory: {run_dir}"])
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -102,16 +104,19 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
             "multi-node runs need log.run_dir (the same shared directory on every node)"
         )
     world, device = nproc * args.nnodes, prepare.device_type()
-    prep = prepare.prepare_run(cfg, opts, world, device, create=args.node_rank == 0)
-    try:
-        code = spawn(prep, opts, nproc)
+    try:  # the run folder is locked from here to the end (zerofit.launch.run_lock)
+        prep = prepare.prepare_run(cfg, opts, world, device, create=args.node_rank == 0)
+        try:
+            code = spawn(prep, opts, nproc)
+        finally:
+            if args.node_rank != 0:  # the config copy of a non-zero node lives in a temp dir
+                shutil.rmtree(prep.config_file.parent, ignore_errors=True)
+        if code == 0 and args.node_rank == 0:
+            print_summary(prep.run_dir)
+            _export_final(prep.cfg, prep.run_dir)
+        return code
     finally:
-        if args.node_rank != 0:  # the config copy of a non-zero node lives in a temp dir
-            shutil.rmtree(prep.config_file.parent, ignore_errors=True)
-    if code == 0 and args.node_rank == 0:
-        print_summary(prep.run_dir)
-        _export_final(prep.cfg, prep.run_dir)
-    return code
+        run_lock.release_all()
 
 
 def _export_final(cfg: Config, run_dir: Path) -> None:

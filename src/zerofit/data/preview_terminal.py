@@ -4,11 +4,11 @@ tokens marked (in colour, or ``[[...]]`` where there is none: a log, a pipe), an
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from zerofit.config.schema import Config
 from zerofit.data.preview import Preview, RowView, Token, build_preview, row_view, visible
+from zerofit.report.tables import TextTable, print_table
 
 LOSS, CONTEXT, SPECIAL, HEAD = (
     "bold green",
@@ -33,7 +33,7 @@ def show_preview(
     header(console, p, config, cfg.data.tokenizer)
     for i in range(min(rows, len(p.data.train))):
         print_row(console, i, len(p.data.train), row_view(p, i, tokens), p.data.masked)
-    console.print(counts_table(p))
+    print_table(counts_table(p), console)  # markdown where it is not a terminal
     return console, p
 
 
@@ -97,10 +97,8 @@ def tokens_text(tokens: list[Token], plain: bool, masked: bool) -> Text:
     return text
 
 
-def counts_table(p: Preview) -> Table:
-    table = Table(title="counts", show_header=False)
-    table.add_column("what")
-    table.add_column("how many", justify="right")
+def counts_table(p: Preview) -> TextTable:
+    table = TextTable("counts", ["what", "how many"], ["left", "right"], show_header=False)
     for k, v in p.count_lines():
-        table.add_row(Text(k), Text(v))
+        table.add_row([k, v])
     return table

@@ -12,6 +12,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,11 +21,15 @@ from zerofit.checkpoint import compat
 from zerofit.config import Config, explicit_keys, save_config
 from zerofit.config.limits import shown
 from zerofit.errors import UserError
+from zerofit.launch import run_lock
 from zerofit.launch.options import LaunchOptions, PreparedRun
 from zerofit.launch.requirements import check_installed
 from zerofit.launch.resolve import resolve
 from zerofit.report.metrics import truncate_metrics
 from zerofit.train.inputs import build_inputs, checkpoint_meta, make_loader, resolve_steps
+
+if TYPE_CHECKING:
+    from zerofit.models import ModelSpec
 
 
 def default_nproc() -> int:
@@ -60,41 +65,78 @@ def ensure_writable_dir(path: Path, what: str) -> None:
         raise UserError(f"{what}: {shown} is not a writable directory ({why})") from None
 
 
-def _find_resume(cfg: Config, resume: str) -> tuple[Path, Path, dict, list[str]]:
-    """(run_dir, checkpoint, its meta, skip notes) for --resume [PATH].
+def _resume_run_dir(cfg: Config, resume: str) -> tuple[Path, Path | None]:
+    """The run folder ``--resume [PATH]`` continues, and the checkpoint PATH names (None: the
+    newest of the run). Without a path, only this run's own folder (its ``log.run_dir``)."""
+    if resume == "latest":
+        if not cfg.log.run_dir:  # the newest run under runs/ may be another run's: never guess
+            raise UserError(
+                "--resume: which run? set log.run_dir to the run's folder (or pass --resume RUN_DIR)"
+            )
+        return Path(cfg.log.run_dir), None
+    path = Path(resume)
+    if not path.exists():
+        raise UserError(f"--resume: no such checkpoint or run directory: {path}")
+    if (path / "model").is_dir() or (path / "meta.json").exists():  # <run>/checkpoints/step_N
+        return (Path(cfg.log.run_dir) if cfg.log.run_dir else path.parent.parent), path
+    return path, None
+
+
+def _find_resume(
+    cfg: Config, resume: str, create: bool
+) -> tuple[Path, Path | None, dict, list[str]]:
+    """(run_dir, checkpoint, its meta, notes) for --resume [PATH]; a live run in that folder is
+    named first (`run_lock.check_free`: `_prepare_resume` locks it before its first write).
 
     A checkpoint named explicitly must verify; otherwise the newest one that verifies is taken,
-    with one note per newer checkpoint skipped as damaged. Without a path, only this run's own
-    checkpoints are looked at (its ``log.run_dir``)."""
-    if resume != "latest":
-        path = Path(resume)
-        if not path.exists():
-            raise UserError(f"--resume: no such checkpoint or run directory: {path}")
-        if (path / "model").is_dir() or (path / "meta.json").exists():  # <run>/checkpoints/step_N
-            run_dir = Path(cfg.log.run_dir) if cfg.log.run_dir else path.parent.parent
-            return run_dir, path, ckpt.verify(path), []
-        return (path, *ckpt.select_checkpoint(ckpt.checkpoint_root(cfg.checkpoint.dir, path)))
-    if not cfg.log.run_dir:  # the newest run under runs/ may be another run's: never guess
-        raise UserError(
-            "--resume: which run? set log.run_dir to the run's folder (or pass --resume RUN_DIR)"
+    with one note per newer checkpoint skipped as damaged. A run that stopped before its first
+    save (its config.yaml, no checkpoint, no summary) starts again from step 0 in its own folder:
+    checkpoint None, meta {}."""
+    run_dir, named = _resume_run_dir(cfg, resume)
+    if create:  # a live run there is named by its pid before anything is read
+        run_lock.check_free(run_dir)
+    if named is not None:
+        return run_dir, named, ckpt.verify(named), []
+    root = ckpt.checkpoint_root(cfg.checkpoint.dir, run_dir)
+    started = (run_dir / "config.yaml").is_file() and not (run_dir / "summary.json").exists()
+    if started and not ckpt.step_dirs(root):
+        note = (
+            f"--resume: no checkpoint under {root} yet (the run stopped before its first "
+            f"save): it starts again from step 0 in {run_dir}"
         )
-    run_dir = Path(cfg.log.run_dir)
-    return (run_dir, *ckpt.select_checkpoint(ckpt.checkpoint_root(cfg.checkpoint.dir, run_dir)))
+        return run_dir, None, {}, [note]
+    return (run_dir, *ckpt.select_checkpoint(root))
 
 
-def _new_run_dir(cfg: Config) -> Path:
+def _new_run_dir(cfg: Config, create: bool) -> Path:
+    """``log.run_dir`` (a live run there is named by its pid), refused when it holds a run; else a
+    new folder under runs/, made here (two runs started in the same second get two)."""
     if cfg.log.run_dir:
         run_dir = Path(cfg.log.run_dir)
-        if (run_dir / "config.yaml").exists():
-            raise UserError(
-                f"run directory {shown(run_dir, quote=False)} already holds a run; pass --resume or choose another log.run_dir"
-            )
+        if create:
+            run_lock.check_free(run_dir)
+        _check_unused(run_dir)
         return run_dir
     base = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     run_dir, n = base, 1
-    while run_dir.exists():
-        run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
-    return run_dir
+    while True:
+        try:
+            if create:
+                run_dir.mkdir(parents=True)  # exclusive: a folder another run made is skipped
+            elif run_dir.exists():
+                raise FileExistsError(run_dir)
+            return run_dir
+        except FileExistsError:
+            run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
+        except OSError:  # ensure_writable_dir says why, in one line
+            return run_dir
+
+
+def _check_unused(run_dir: Path) -> None:
+    if (run_dir / "config.yaml").exists():
+        raise UserError(
+            f"run directory {shown(run_dir, quote=False)} already holds a run; pass --resume or choose another log.run_dir"
+        )
 
 
 def _expand_user(cfg: Config) -> Config:
@@ -107,6 +149,38 @@ def _expand_user(cfg: Config) -> Config:
     )
 
 
+def _prepare_resume(
+    cfg: Config, resume: str, spec: ModelSpec, world_size: int, create: bool
+) -> tuple[Path, Path | None, str]:
+    """The checkpoint a ``--resume`` run continues (checked against this config), its notes
+    printed: (run_dir, checkpoint or None to start again, the name to save the config under)."""
+    run_dir, resume_from, saved, notes = _find_resume(cfg, resume, create)
+    step = 0
+    if resume_from is not None:
+        current = checkpoint_meta(cfg, spec, world_size)
+        notes += compat.check(resume_from, saved, current, cfg.optim)
+        step = saved["step"]
+        if step >= cfg.train.steps:
+            raise UserError(
+                f"checkpoint {resume_from} is at step {step}; raise train.steps above it to continue"
+            )
+        notes.insert(0, f"resuming from {resume_from} (step {step})")
+    if create:
+        if run_dir.is_dir():  # locked before the first write (metrics, config)
+            run_lock.hold(run_dir)
+        dropped = truncate_metrics(run_dir, step)
+        if dropped:
+            notes.append(
+                f"metrics.jsonl: {dropped} record(s) after step {step} moved to metrics.abandoned.jsonl"
+            )
+    for line in notes:
+        print(f"note: {line}", file=sys.stderr, flush=True)
+    # A new run directory (or a run started again) gets its config.yaml (export and doctor read
+    # it); a resumed one keeps the original beside each resume's.
+    fresh = resume_from is None or not (run_dir / "config.yaml").exists()
+    return run_dir, resume_from, "config.yaml" if fresh else f"config.resume-{step:08d}.yaml"
+
+
 def prepare_run(
     cfg: Config, opts: LaunchOptions, world_size: int, device_type: str, create: bool = True
 ) -> PreparedRun:
@@ -117,37 +191,20 @@ def prepare_run(
     inputs = build_inputs(cfg, world_size)  # raises if the data cannot fill one global batch
     cfg, data_note = resolve_steps(cfg, inputs.data, world_size, steps_given)  # train.epochs
     make_loader(cfg, inputs.data, 0, world_size)
-    resume_from = None
     if opts.resume:
-        run_dir, resume_from, saved, notes = _find_resume(cfg, opts.resume)
-        current = checkpoint_meta(cfg, inputs.spec, world_size)
-        notes += compat.check(resume_from, saved, current, cfg.optim)
-        step = saved["step"]
-        if step >= cfg.train.steps:
-            raise UserError(
-                f"checkpoint {resume_from} is at step {step}; raise train.steps above it to continue"
-            )
-        if create:
-            dropped = truncate_metrics(run_dir, step)
-            if dropped:
-                notes.append(
-                    f"metrics.jsonl: {dropped} record(s) after step {step} moved to metrics.abandoned.jsonl"
-                )
-        for line in [f"resuming from {resume_from} (step {step})", *notes]:
-            print(f"note: {line}", file=sys.stderr, flush=True)
-        # A new run directory gets its config.yaml (export and doctor read it); a resumed one
-        # keeps the original beside each resume's.
-        fresh = not (run_dir / "config.yaml").exists()
-        name = "config.yaml" if fresh else f"config.resume-{step:08d}.yaml"
+        run_dir, resume_from, name = _prepare_resume(
+            cfg, opts.resume, inputs.spec, world_size, create
+        )
     elif not create and cfg.log.run_dir:  # another node of a multi-node run: node 0 owns the dir
-        run_dir = Path(cfg.log.run_dir)
-        name = "config.yaml"
+        run_dir, resume_from, name = Path(cfg.log.run_dir), None, "config.yaml"
     else:
-        run_dir = _new_run_dir(cfg)
-        name = "config.yaml"
+        run_dir, resume_from, name = _new_run_dir(cfg, create), None, "config.yaml"
     cfg = replace(cfg, log=replace(cfg.log, run_dir=str(run_dir)))
     if create:
         ensure_writable_dir(run_dir, "log.run_dir")
+        run_lock.hold(run_dir)  # held already, unless the folder is new
+        if not opts.resume:
+            _check_unused(run_dir)  # a run that began and ended before the lock was taken
         ensure_writable_dir(ckpt.checkpoint_root(cfg.checkpoint.dir, run_dir), "checkpoint.dir")
         config_file = run_dir / name
     else:  # a non-zero node of a multi-node run: keep the resolved config local

@@ -96,9 +96,10 @@ def child_pids() -> list[int]:
 
 def resume_hint(cfg: Config, run_dir: Path, config_file: Path) -> str:
     last = ckpt.latest_checkpoint(ckpt.checkpoint_root(cfg.checkpoint.dir, run_dir))
-    if last is None:
-        return "No checkpoint was saved (set checkpoint.every to save as you go)"
-    return f"The last checkpoint is {last}; continue with: zerofit train -c {config_file} --resume"
+    again = f"zerofit train -c {config_file} --resume"
+    if last is None:  # --resume starts a run that never saved again, in its own folder
+        return f"No checkpoint was saved (set checkpoint.every to save as you go); start it again with: {again}"
+    return f"The last checkpoint is {last}; continue with: {again}"
 
 
 def torchrun_args(opts: LaunchOptions, nproc: int, max_restarts: int, log_dir: Path) -> list[str]:

@@ -62,7 +62,8 @@ def lighter_ways(m: ModelShape, w: Workload, hw: Hardware, base: Config) -> list
         return []
     out = []
     for name, overrides in WAYS.items():
-        cfg = with_fields(base, overrides)
+        # every engine that takes the adapters (a config naming one that refuses them: the others)
+        cfg = with_fields(base, {**overrides, "parallel.backend": "auto"})
         gated = base.model.hf is not None and base.model.lean_ops
         lora = estimated_adapters(m, RANK, "model.lora.quantize" in overrides, gated)
         adapted = replace(w, lora=lora)

@@ -8,6 +8,7 @@ from typing import Any
 
 from zerofit.backends.terms import GIB, Workload
 from zerofit.models.shape import ModelShape
+from zerofit.planner.configured import Configured, Suggestion
 from zerofit.planner.plan import Option, headroom, recommend
 from zerofit.planner.shape import Hardware
 
@@ -19,6 +20,8 @@ def to_json(
     options: list[Option],
     global_batch: int | None = None,
     refused: dict[str, str] | None = None,
+    configured: Configured | None = None,
+    suggested: list[Suggestion] | None = None,
 ) -> dict[str, Any]:
     gib = 2**30
     best = recommend(options)
@@ -57,9 +60,34 @@ def to_json(
             "nvme_tb": hw.nvme / 1e12,
         },
         "headroom": headroom(hw),
-        "options": [option_json(o, w) for o in options],
+        "options": [
+            {
+                **option_json(o, w),
+                "as_configured": configured is not None and configured.listed == i,
+            }
+            for i, o in enumerate(options)
+        ],
+        "as_configured": None if configured is None else configured_json(configured, suggested, w),
         "left_out": dict(refused or {}),
         "recommendation": best.strategy.label if best else None,
+    }
+
+
+def configured_json(
+    c: Configured, suggested: list[Suggestion] | None, w: Workload
+) -> dict[str, Any]:
+    """The run as configured: its option, where it ranks (`listed`: its index in `options`, or
+    null when the plan does not list it), whether it is `auto`'s pick, and when it does not fit
+    the same run with one change each (`suggestions`)."""
+    return {
+        **option_json(c.option, w),
+        "rank": c.rank,
+        "listed": c.listed,
+        "auto": c.auto,
+        "suggestions": [
+            {"change": x.change, "overrides": x.overrides, **option_json(x.option, w)}
+            for x in suggested or []
+        ],
     }
 
 

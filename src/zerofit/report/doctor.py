@@ -7,6 +7,7 @@ metrics.jsonl) and returns a verdict: ok, warn or FAIL, with one line of why and
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,18 @@ from zerofit.config import Config, with_fields
 from zerofit.errors import UserError
 from zerofit.launch.run_config import load_config
 from zerofit.models.shape import shape_from_config
-from zerofit.planner.memory import predicted_peak
+from zerofit.planner.gpus import gpu_named
+from zerofit.planner.memory import predicted_peak, strategy_for, workload_for
+from zerofit.planner.shape import Hardware, with_gpu
+from zerofit.planner.speed import predict
+
+# A run this much slower than its forecast is worth a look (the roofline's own error reaches
+# ~50% held out: docs/benchmarks), and what to look at.
+SLOW = 0.5
+SLOW_WHY = (
+    "; over half below the forecast: a slow data loader, CPU-bound steps, a slower NCCL "
+    "transport (see environment) or frequent checkpoints?"
+)
 
 
 @dataclass
@@ -127,14 +139,7 @@ def check_environment(run: Path) -> Finding:
 
 
 def check_memory(cfg: Config, run: Path) -> Finding:
-    lines = (
-        (run / "metrics.jsonl").read_text().splitlines()
-        if (run / "metrics.jsonl").is_file()
-        else []
-    )
-    peaks = [
-        (r["step"], r["mem_alloc_gib"]) for r in map(json.loads, lines) if "mem_alloc_gib" in r
-    ]
+    peaks = [(r["step"], r["mem_alloc_gib"]) for r in _metrics(run) if "mem_alloc_gib" in r]
     if not peaks:
         return Finding(
             "memory", "ok", "no GPU memory in metrics.jsonl (a CPU run): nothing to compare"
@@ -143,7 +148,10 @@ def check_memory(cfg: Config, run: Path) -> Finding:
     predicted, _ = predicted_peak(cfg, world)
     timeline = "  ".join(f"{s}:{g:.1f}" for s, g in peaks[:8]) + (" ..." if len(peaks) > 8 else "")
     measured = max(g for _, g in peaks)
-    text = f"peak allocated by step (GiB): {timeline}; planner predicted {predicted:.1f} GiB"
+    text = (
+        f"peak allocated by step (GiB): {timeline}; planner predicted {predicted:.1f} GiB, "
+        f"measured {measured:.1f} ({percent(measured, predicted)})"
+    )
     if len(peaks) >= 4 and peaks[-1][1] > peaks[len(peaks) // 2][1] * 1.05:
         return Finding(
             "memory",
@@ -160,6 +168,55 @@ def check_memory(cfg: Config, run: Path) -> Finding:
     return Finding("memory", "ok", text)
 
 
+def percent(measured: float, predicted: float) -> str:
+    """The forecast's error as the run saw it: measured against predicted, signed."""
+    return f"{100 * (measured / predicted - 1):+.0f}% against the forecast"
+
+
+def _metrics(run: Path) -> list[dict[str, Any]]:
+    path = run / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def forecast_hardware(env: dict[str, Any], world: int) -> tuple[Hardware, str]:
+    """The machine a run had, as the planner describes it: its card (env.json's device names;
+    one the planner's table lacks gets an H200's figures, and the words say so), the GPUs one
+    node saw, the nodes the world size makes."""
+    names = env.get("gpus") or []
+    per_node = len(names) if names and world % len(names) == 0 else world
+    hw = Hardware(gpus_per_node=per_node, gpu_mem=0, nodes=world // per_node)
+    gpu = gpu_named(names[0]) if names else None
+    if gpu is not None:
+        return with_gpu(hw, gpu), gpu.name
+    card = names[0] if names else "GPU"
+    return hw, f"{card} (not in the planner's table: an H200's figures assumed)"
+
+
+def check_speed(cfg: Config, run: Path) -> Finding:
+    """Measured tokens/s (metrics.jsonl: the median of the logged windows after the first, which
+    holds the warm-up and compilation) against the planner's roofline for the run's config."""
+    env = _json(run / "env.json") or {}
+    rates = [r["tokens_per_s"] for r in _metrics(run) if "tokens_per_s" in r]
+    if env.get("device") != "cuda" or not rates:
+        why = "a CPU run" if env.get("device") == "cpu" else "no tokens/s in metrics.jsonl"
+        return Finding("speed", "ok", f"{why}: nothing to compare with the forecast")
+    world = (_json(run / "summary.json") or {}).get("world_size") or env.get("world_size") or 1
+    hw, card = forecast_hardware(env, world)
+    m, w = shape_from_config(cfg), workload_for(cfg, world)
+    predicted = predict(m, w, strategy_for(cfg), hw).tokens_per_s
+    kept = rates[1:] or rates
+    measured = statistics.median(kept)
+    windows = f"median of {len(kept)} logged window{'s' * (len(kept) > 1)}" + (
+        " after the first" if len(rates) > 1 else ", warm-up included"
+    )
+    text = (
+        f"measured {measured:,.0f} tokens/s ({windows}), planner predicted {predicted:,.0f} on "
+        f"{world} x {card}: {percent(measured, predicted)}"
+    )
+    slow = measured < predicted * (1 - SLOW)
+    return Finding("speed", "warn" if slow else "ok", text + (SLOW_WHY if slow else ""))
+
+
 def diagnose(run: Path) -> list[Finding]:
     files = sorted(run.glob("config*.yaml"))
     if not files:
@@ -171,14 +228,17 @@ def diagnose(run: Path) -> list[Finding]:
         check_batch(cfg, run),
         check_environment(run),
         check_memory(cfg, run),
+        check_speed(cfg, run),
     ]
 
 
 def _checkpointing_remedies(cfg: Config) -> list[tuple[str, dict[str, Any]]]:
     """Recompute more: under first_k, each larger count of first blocks, fewest first; then
-    every block."""
+    every block (nothing under full)."""
     p = cfg.parallel
     full = {"parallel.activation_checkpointing": "full", "parallel.ac_blocks": None}
+    if p.activation_checkpointing == "full":
+        return []  # every block recomputes already
     if p.activation_checkpointing != "first_k":
         return [("turn on activation checkpointing", full)]
     k, n = p.ac_blocks or 0, shape_from_config(cfg).n_layers
@@ -197,16 +257,18 @@ def oom_advice(cfg: Config, world: int, gpu_mem: int) -> str:
         gpu_mem, capped = limit, True
     predicted, parts = predicted_peak(cfg, world)
     biggest = max((k for k in parts if k != "overhead"), key=parts.get)  # type: ignore[arg-type]
-    tries: list[tuple[str, dict[str, Any]]] = [
-        *_checkpointing_remedies(cfg),
-        (
-            f"halve the micro-batch to {max(1, cfg.train.micro_batch_size // 2)} (and double grad_accum_steps)",
-            {
-                "train.micro_batch_size": max(1, cfg.train.micro_batch_size // 2),
-                "train.grad_accum_steps": cfg.train.grad_accum_steps * 2,
-            },
-        ),
-    ]
+    tries: list[tuple[str, dict[str, Any]]] = [*_checkpointing_remedies(cfg)]
+    mb = cfg.train.micro_batch_size
+    if mb > 1:  # never advise lowering a micro-batch that is already 1
+        tries.append(
+            (
+                f"halve the micro-batch to {mb // 2} (and double grad_accum_steps)",
+                {
+                    "train.micro_batch_size": mb // 2,
+                    "train.grad_accum_steps": cfg.train.grad_accum_steps * 2,
+                },
+            )
+        )
     for eng in engines().values():
         tries += eng.remedies(cfg)
     advice = f"biggest component: {biggest} ({parts[biggest]:.1f} GiB of a predicted {predicted:.1f} GiB peak allocated)"

@@ -7,7 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
-from rich.table import Table
+
+from zerofit.report.tables import TextTable
 
 
 def format_record(r: dict[str, Any]) -> str:
@@ -81,8 +82,8 @@ def _window_loss(summary: dict[str, Any]) -> tuple[str, str]:
     return (label, f"{summary['loss']:.4f}" if "loss" in summary else "-")
 
 
-def summary_table(summary: dict[str, Any]) -> Table:
-    table = Table(title="zerofit run summary", show_header=False)
+def summary_table(summary: dict[str, Any]) -> TextTable:
+    table = TextTable("zerofit run summary", ["what", "value"], show_header=False)
     rows = [
         ("steps", f"{summary.get('start_step', 0)} -> {summary.get('step', '?')}"),
         _final_loss(summary),
@@ -112,5 +113,5 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("run dir", str(summary.get("run_dir", "-"))),
     ]
     for k, v in rows:
-        table.add_row(k, v)
+        table.add_row([k, v])
     return table

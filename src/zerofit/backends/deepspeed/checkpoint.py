@@ -36,6 +36,7 @@ from torch.futures import Future
 
 from zerofit.checkpoint.neutral import MODEL, MOMENTS, OPTIM
 from zerofit.checkpoint.safe_load import UnsafeCheckpointError, load_torch_file
+from zerofit.errors import DamagedFile
 
 
 def ds_safe_globals() -> list[Any]:
@@ -66,6 +67,7 @@ _OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states
 class _Rank:
     """One rank's file: flat fp32 partitions, moments and steps per group."""
 
+    path: Path
     flats: list[torch.Tensor]
     moments: dict[str, list[torch.Tensor]]
     steps: list[float]
@@ -93,10 +95,8 @@ def _read_rank(path: Path) -> tuple[_Rank, int]:
         moments = {m: [state[g][m] for g in range(len(flats))] for m in MOMENTS}
         steps = [_group_step(state, groups, g) for g in range(len(flats))]
     except (KeyError, TypeError, IndexError, ValueError) as e:
-        raise UnsafeCheckpointError(
-            f"{path} is not a DeepSpeed ZeRO optimizer file ({e!r})"
-        ) from None
-    return _Rank(list(flats), moments, steps, slices), stage
+        raise DamagedFile(path, f"is not a DeepSpeed ZeRO optimizer file ({e!r})") from None
+    return _Rank(path, list(flats), moments, steps, slices), stage
 
 
 def _virtual_slice(parts: list[torch.Tensor], start: int, length: int) -> torch.Tensor:
@@ -109,9 +109,7 @@ def _virtual_slice(parts: list[torch.Tensor], start: int, length: int) -> torch.
             out.append(t.reshape(-1)[lo - pos : hi - pos])
         pos += n
     if sum(o.numel() for o in out) != length:
-        raise UnsafeCheckpointError(
-            "a DeepSpeed partition is shorter than its parameter shapes say"
-        )
+        raise UnsafeCheckpointError("a partition is shorter than its parameter shapes say")
     return out[0] if len(out) == 1 else torch.cat(out)
 
 
@@ -136,6 +134,7 @@ class ZeroCheckpointReader(StorageReader):
     def __init__(self, model_dir: Path) -> None:
         super().__init__()
         self.dir = Path(model_dir)
+        self.index_file: Path | None = None  # the model-states file, once read
         self._loaded = False
 
     # -- layout ------------------------------------------------------------------------------
@@ -154,12 +153,13 @@ class ZeroCheckpointReader(StorageReader):
         )  # fmt: skip
         if model_file is None:
             raise UnsafeCheckpointError(f"{self.dir} has no DeepSpeed model-states file")
+        self.index_file = model_file  # the parameter shapes: what describes the tensors
         try:
             states = load_ds_file(model_file)
             groups = states["param_shapes"]
             self.shapes = [{n: tuple(s) for n, s in g.items()} for g in groups]
         except (KeyError, TypeError, AttributeError) as e:
-            raise UnsafeCheckpointError(f"{model_file} has no parameter shapes ({e!r})") from None
+            raise DamagedFile(model_file, f"has no parameter shapes ({e!r})") from None
         loaded = [_read_rank(files[r]) for r in range(len(files))]
         self.ranks = [r for r, _ in loaded]
         self.stage = loaded[0][1]
@@ -192,8 +192,8 @@ class ZeroCheckpointReader(StorageReader):
                 found = {n: t for n, t in _unique(states["module"]).items() if n not in skip}
             return {n: _Frozen(tuple(t.shape), [t]) for n, t in found.items()}
         except (KeyError, TypeError, AttributeError, RuntimeError) as e:
-            raise UnsafeCheckpointError(
-                f"{self.dir}: unreadable frozen parameters ({e!r})"
+            raise DamagedFile(
+                self.index_file or self.dir, f"has unreadable frozen parameters ({e!r})"
             ) from None
 
     def full(self, key: str) -> torch.Tensor:
@@ -212,19 +212,26 @@ class ZeroCheckpointReader(StorageReader):
             return torch.tensor(self.ranks[0].steps[g], dtype=torch.float32)
         shape = self.shapes[g][name]
         numel = math.prod(shape)
-        pieces = []
-        for rank in self.ranks:
+        pieces = [self._piece(rank, kind, g, name, numel) for rank in self.ranks]
+        flat = torch.cat([p for p in pieces if p is not None])[:numel]
+        if flat.numel() != numel:
+            where = self.index_file or self.dir
+            raise DamagedFile(where, f"gives {name!r} a shape its partitions do not fill")
+        return flat.view(shape)
+
+    def _piece(self, rank: _Rank, kind: str, g: int, name: str, numel: int) -> torch.Tensor | None:
+        """One rank's piece of a parameter (or moment); None when the rank holds none of it."""
+        try:
             source = rank.flats if kind == "param" else rank.moments[kind]
             if self.stage == 3:
                 part = math.ceil(numel / self.world)
-                pieces.append(_virtual_slice(source, self.offsets[name], part))
-            elif rank.slices is not None and name in rank.slices[g]:
+                return _virtual_slice(source, self.offsets[name], part)
+            if rank.slices is not None and name in rank.slices[g]:
                 frag = rank.slices[g][name]
-                pieces.append(source[g].reshape(-1)[frag.start : frag.start + frag.numel])
-        flat = torch.cat(pieces)[:numel]
-        if flat.numel() != numel:
-            raise UnsafeCheckpointError(f"{self.dir}: the partitions of {name!r} do not add up")
-        return flat.view(shape)
+                return source[g].reshape(-1)[frag.start : frag.start + frag.numel]
+        except (UnsafeCheckpointError, IndexError, KeyError, TypeError, AttributeError) as e:
+            raise DamagedFile(rank.path, f"does not fit the parameter shapes ({e})") from None
+        return None
 
     # -- StorageReader -----------------------------------------------------------------------
     def reset(self, checkpoint_id: Any = None) -> None:

@@ -31,6 +31,7 @@ from zerofit.checkpoint.neutral import (
     checkpoint_error,
     open_reader,
 )
+from zerofit.checkpoint.safe_load import reason
 from zerofit.distributed.parallelize import (
     apply_ac,
     apply_compile,
@@ -38,7 +39,7 @@ from zerofit.distributed.parallelize import (
     full_param,
     get_blocks,
 )
-from zerofit.errors import UserError
+from zerofit.errors import DamagedFile, UserError
 from zerofit.faults.nonfinite import StepResult
 from zerofit.faults.stale_locks import clear_and_report
 from zerofit.models import ModelSpec
@@ -169,29 +170,36 @@ class DeepSpeedBackend(Backend):
     def check_restorable(self, path: Path, saved: dict) -> None:
         if not self._native(saved):
             return super().check_restorable(path, saved)
-        for file in sorted(path.glob("*.pt")):  # what DeepSpeed's loader may open, weights-only
-            load_ds_file(file)
+        try:
+            for file in sorted(path.glob("*.pt")):  # what DeepSpeed's loader may open
+                load_ds_file(file)
+        except UserError as e:  # the file named relative to its checkpoint
+            raise checkpoint_error(path.parent, e) from None
 
     def restore(self, path: Path, saved: dict) -> None:
         """DeepSpeed's own loader for its own layout (every file it opens read weights-only);
         anything else through the neutral view, one full tensor at a time."""
+        opened: list[Path] = []  # by DeepSpeed's loader: a failure is the last one's
         try:
             if self._native(saved):
-                self._load_native(path)
+                self._load_native(path, opened)
             else:
                 self._load_neutral(
                     NeutralView(open_reader(path, saved["format"], self.readers), path.parent)
                 )
-        except UserError:
-            raise
-        except READ_ERRORS as e:  # one line, naming the checkpoint
+        except READ_ERRORS as e:  # one line, naming the file
+            if opened and not isinstance(e, UserError):
+                e = DamagedFile(opened[-1], f"DeepSpeed could not load it: {reason(e)}")
             raise checkpoint_error(path.parent, e) from None
 
-    def _load_native(self, path: Path) -> None:
+    def _load_native(self, path: Path, opened: list[Path]) -> None:
         engine = self.model
-        engine.checkpoint_engine.load = lambda file, map_location=None: load_ds_file(
-            file, map_location, mmap=False
-        )
+
+        def load(file: str, map_location: Any = None) -> Any:
+            opened.append(Path(file))
+            return load_ds_file(file, map_location, mmap=False)
+
+        engine.checkpoint_engine.load = load
         loaded, _ = engine.load_checkpoint(
             str(path.parent), tag=path.name, load_lr_scheduler_states=False
         )
