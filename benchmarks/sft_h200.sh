@@ -10,7 +10,8 @@
 #   compiled, at the recipe's global batch (STOCK_MB sets stock's micro-batch x accumulation);
 #   fast-lora also runs zerofit eager and compiled without model.lean_ops at stock's split.
 #   issue 26's PHASEs: qlora-probe (1B) | qlora-8b (LIMIT GiB per GPU, default 23: a 24 GB card)
-#   | qlora-70b (zerofit alone, the whole card) | qlora-ac-probe (1B) | qlora-8b-splits: see
+#   | qlora-70b (zerofit alone, the whole card) | qlora-ac-probe (1B) | qlora-8b-splits |
+#   qlora-8b-host: see
 #   qlora_* below.
 # FIXTURE is what `python benchmarks/sft_fixture.py FIXTURE` made (model-1b, model-8b, chat.jsonl).
 # Each zerofit variant runs under `zerofit bench` (own processes, median step time after warm-up);
@@ -156,6 +157,19 @@ qlora_8b_splits() {  # the split of 16 rows per step, capped at LIMIT GiB, besid
   stock 8b-qlora-stock-liger-compile 200 $qlora $m8 $split --liger --qlora --compile \
     --memory-limit-gib "$lim"
 }
+qlora_8b_host() {  # after the host-time cuts (documents' bounds on the host, the 4-bit rebuild
+  # in one kernel): stock compiled first (the call's anchor), then zerofit's splits of 16 rows
+  local lim=${LIMIT:-23} one="train.micro_batch_size=1 train.grad_accum_steps=16"
+  local split="train.micro_batch_size=4 train.grad_accum_steps=4 parallel.activation_checkpointing=full"
+  # shellcheck disable=SC2086
+  stock 8b-qlora-stock-liger-compile 200 $qlora $m8 $split --liger --qlora --compile \
+    --memory-limit-gib "$lim"
+  # one bench per split: each writes its results.json before the next starts
+  zerofit 8b-qlora-host-1x16 190 $qlora $m8 "train.gpu_memory_limit=${lim}GiB" \
+    --variant "ddp 1 x 16, no AC: parallel.backend=ddp $one parallel.activation_checkpointing=none"
+  zerofit 8b-qlora-host-2x8 190 $qlora $m8 "train.gpu_memory_limit=${lim}GiB" \
+    --variant "2 x 8, planner's choice: train.micro_batch_size=2 train.grad_accum_steps=8"
+}
 qlora_70b() {  # the whole card; fewer rows per step than the recipe (device time)
   zerofit 70b-qlora-zerofit 540 $qlora $m70 train.micro_batch_size=4 train.grad_accum_steps=1 \
     --variant "recipe defaults at 4 x 1: log.every=1000"
@@ -166,6 +180,7 @@ qlora-probe) qlora_probe ;;
 qlora-8b) qlora_8b ;;
 qlora-70b) qlora_70b ;;
 qlora-8b-splits) qlora_8b_splits ;;
+qlora-8b-host) qlora_8b_host ;;
 qlora-ac-probe) qlora_ac_probe ;;
 fast-lora) fast_lora ;;
 fast-1b) fast 1b $full $m1 ${STOCK_MB:-train.micro_batch_size=8 train.grad_accum_steps=2 parallel.activation_checkpointing=none} ;;

@@ -29,6 +29,18 @@ def document_ids(positions: torch.Tensor) -> torch.Tensor:
     return (positions == 0).cumsum(dim=1, dtype=torch.int32)
 
 
+def document_bounds(positions: torch.Tensor) -> torch.Tensor:
+    """int32 [N+1]: where each of the N packed documents of the [B, T] `positions` starts in the
+    flattened batch, then B*T (FlashAttention varlen's cumulative lengths). A row's first token
+    starts a document, and so does each token whose position is not the previous one's plus one
+    (transformers' rule). On the host, before the batch moves, it costs no device sync."""
+    starts = torch.ones_like(positions, dtype=torch.bool)
+    starts[:, 1:] = positions[:, 1:] - positions[:, :-1] != 1
+    idx = starts.flatten().nonzero().flatten()
+    end = torch.tensor([positions.numel()], dtype=idx.dtype, device=positions.device)
+    return torch.cat([idx, end]).to(torch.int32)
+
+
 def dense_document_mask(docs: torch.Tensor) -> torch.Tensor:
     """[B, 1, T, T] bool: query i may attend key j (same document, j <= i)."""
     t = docs.shape[1]

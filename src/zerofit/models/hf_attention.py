@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from zerofit.models.doc_attention import document_bounds
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
@@ -74,6 +76,7 @@ def runs_varlen(device: torch.device | str) -> bool:
 # for a `functools.cache` wrapper.
 _FLASH: dict[torch.device, bool] = {}
 _PARAMS: dict[Any, frozenset[str]] = {}
+_PREPARED: dict[torch.device, torch.Tensor] = {}
 
 
 def _flash_capable(device: torch.device) -> bool:
@@ -83,18 +86,32 @@ def _flash_capable(device: torch.device) -> bool:
     return _FLASH[device]
 
 
-def doc_bounds(positions: torch.Tensor | None, batch: int, seq: int, device: torch.device):  # noqa: ANN201
+def doc_bounds(
+    positions: torch.Tensor | None,
+    batch: int,
+    seq: int,
+    device: torch.device,
+    documents: torch.Tensor | None = None,
+):  # noqa: ANN201
     """(cumulative document lengths int32 [N+1] over the flattened batch, the longest possible
-    document). A row's first token starts a document, and so does each token whose position is
-    not the previous one's plus one. Without positions, each row is one document."""
+    document). ``documents``: those lengths already computed (``document_bounds`` on the host,
+    moved to `device`): no device sync. Else from the positions (one host sync per forward, for
+    the count of documents), or, without positions, each row one document."""
+    if documents is not None:
+        return documents, seq
     if positions is None:
         return torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=device), seq
-    pos = positions.expand(batch, seq)
-    starts = torch.ones_like(pos, dtype=torch.bool)
-    starts[:, 1:] = pos[:, 1:] - pos[:, :-1] != 1
-    idx = starts.flatten().nonzero().flatten()  # one host sync per forward, not per layer
-    end = torch.tensor([batch * seq], dtype=idx.dtype, device=device)
-    return torch.cat([idx, end]).to(torch.int32), seq
+    return document_bounds(positions.expand(batch, seq)), seq
+
+
+def prepared_mask(device: torch.device) -> torch.Tensor:
+    """A 4-D placeholder for transformers' ``attention_mask`` on the varlen device. transformers
+    passes a 4-D mask through as already prepared, so it neither builds one nor looks for packed
+    documents in the positions (``find_packed_sequence_indices``: a device sync per forward);
+    ``varlen_attention`` ignores it there (the documents come as ``CU_KEY``)."""
+    if device not in _PREPARED:
+        _PREPARED[device] = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
+    return _PREPARED[device]
 
 
 def prime(device: torch.device) -> None:

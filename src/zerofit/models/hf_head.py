@@ -13,8 +13,9 @@ and the loss is taken on its full logits.
 no attention mask and no cache, transformers' ``masking_utils`` splits a row into documents where
 the positions do not step by one and masks block-diagonally (sdpa, eager, flex; flash attention
 takes the same cue): each token sees only the earlier tokens of its own document. Where the
-model runs ``zerofit_varlen`` (``zerofit.models.hf_attention``), the adapter computes the
-documents' bounds on CUDA once per forward and every layer runs FlashAttention varlen on them.
+model runs ``zerofit_varlen`` (``zerofit.models.hf_attention``), every layer runs FlashAttention
+varlen on the documents' bounds, which the trainer computes on the host from the batch before it
+moves (``documents``: no device sync), else the adapter once per forward on CUDA.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zerofit.models.hf_attention import CU_KEY, MAX_KEY, doc_bounds, prime, runs_varlen
+from zerofit.models.hf_attention import (
+    CU_KEY,
+    MAX_KEY,
+    doc_bounds,
+    prepared_mask,
+    prime,
+    runs_varlen,
+)
 from zerofit.models.hf_attention import NAME as VARLEN
 from zerofit.models.loss import LMHead, cross_entropy
 
@@ -62,11 +70,14 @@ class HFCausalLM(nn.Module):
         tokens: torch.Tensor,
         targets: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """tokens [B, T] -> logits [B, T, V]; with targets [B, T] (-100: no loss), the mean loss.
 
-        positions [B, T] or None (plain causal attention over the whole row)."""
-        extra = self._doc_kwargs(tokens, positions)
+        positions [B, T] or None (plain causal attention over the whole row); documents: their
+        bounds as ``zerofit.models.doc_attention.document_bounds`` gives them, computed on the
+        host by the caller (else here, at the cost of a device sync)."""
+        extra = self._doc_kwargs(tokens, positions, documents)
         if not self.fused:
             logits = self.hf(input_ids=tokens, position_ids=positions, use_cache=False, **extra)
             logits = logits.logits
@@ -75,10 +86,13 @@ class HFCausalLM(nn.Module):
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         return self.hf.get_output_embeddings()(hidden, targets)
 
-    def _doc_kwargs(self, tokens: torch.Tensor, positions: torch.Tensor | None) -> dict:
+    def _doc_kwargs(
+        self, tokens: torch.Tensor, positions: torch.Tensor | None, documents: torch.Tensor | None
+    ) -> dict:
         """With ``zerofit_varlen`` on CUDA: the documents' bounds, computed once for every layer."""
         if not (self.varlen and runs_varlen(tokens.device)):
             return {}
         prime(tokens.device)
-        cu, longest = doc_bounds(positions, tokens.shape[0], tokens.shape[1], tokens.device)
-        return {CU_KEY: cu, MAX_KEY: longest}
+        b, t = tokens.shape
+        cu, longest = doc_bounds(positions, b, t, tokens.device, documents)
+        return {CU_KEY: cu, MAX_KEY: longest, "attention_mask": prepared_mask(tokens.device)}

@@ -206,11 +206,14 @@ class Llama(nn.Module):
         tokens: torch.Tensor,
         targets: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """tokens [B, T] (int64) -> logits [B, T, vocab_size]; with targets [B, T] (-100: no loss),
         the mean loss over the valid targets (computed chunk by chunk, never holding all logits:
         see ``zerofit.models.loss``). ``positions`` [B, T] (int64) restart at 0 at each packed
-        document: attention stays within documents and RoPE uses them."""
+        document: attention stays within documents and RoPE uses them. ``documents`` (the
+        documents' bounds that the HF adapter takes) is not needed: the ids come from positions."""
+        del documents
         args = self.args
         rope = rope_table(args.head_dim, tokens.shape[1], args.rope_theta, tokens.device, positions)
         h = self.tok_embeddings(tokens)

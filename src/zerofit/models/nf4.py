@@ -118,8 +118,10 @@ def dequantize(
     ratio = _bf16(scales.view(-1, SCALER_BLOCK).float() / factors).flatten()
     per_block = _bf16(ratio + bits["mean"].float()).unsqueeze(-1)
     pairs = _pair_table(codes.device)[codes.long()]  # a byte's two levels, in order: [N/2, 2]
-    out = _bf16(pairs.view(-1, BLOCK) * per_block)  # exact in fp32, then rounded once
-    return out.reshape(shape).to(dtype)
+    out = pairs.view(-1, BLOCK) * per_block  # exact in fp32 (8-bit mantissas), rounded below
+    if dtype == torch.bfloat16:  # a cast rounds to nearest even: one fused kernel, 2.5 B a weight
+        return out.reshape(shape).to(dtype)
+    return _bf16(out).reshape(shape).to(dtype)  # the bf16 value, then cast
 
 
 def _pair_table(device: torch.device) -> torch.Tensor:

@@ -17,10 +17,11 @@ from zerofit import checkpoint as ckpt
 from zerofit.config import Config
 from zerofit.data import Batch, eval_batches, real_tokens
 from zerofit.distributed.mesh import DistContext
-from zerofit.errors import EXIT_IO, EXIT_NONFINITE, RunStopped, UserError
+from zerofit.errors import EXIT_IO, EXIT_NONFINITE, DamagedFile, RunStopped, UserError
 from zerofit.faults.nonfinite import StepResult
 from zerofit.models.build import params_line, weights_line
 from zerofit.models.describe import fast_path_line
+from zerofit.models.doc_attention import document_bounds
 from zerofit.models.loss import IGNORE_INDEX
 from zerofit.report.profiling import DATA, FORWARD_BACKWARD, OPTIMIZER, StepProfiler
 from zerofit.report.run_files import write_precision_report
@@ -154,7 +155,7 @@ class Trainer:
                 ckpt.rank_state.set_rng_state(state["rng"])
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as e:
             raise UserError(
-                f"checkpoint {path}: {name} holds a malformed state ({e!r:.200})"
+                DamagedFile(path / name, f"holds a malformed state ({e!r})").line(path)
             ) from None
         if not own:  # another world size: fresh per-rank streams, a function of seed, rank, step
             torch.manual_seed(self.cfg.train.seed + self.ctx.rank + 1_000_003 * saved["step"])
@@ -185,7 +186,8 @@ class Trainer:
             f"The previous checkpoint ({previous}) is intact; make room, then continue with: "
             f"{self.control.resume_command}"
             if previous
-            else "No earlier checkpoint exists; make room and run again"
+            else "No earlier checkpoint exists; make room, then start it again with: "
+            f"{self.control.resume_command}"
         )
         try:
             path = ckpt.save_checkpoint(
@@ -255,8 +257,9 @@ class Trainer:
         """The model's mean loss over a micro-batch's valid targets (positions when it has them)."""
         device = self.ctx.device
         inputs, targets, *positions = (t.to(device, non_blocking=True) for t in batch)
-        if positions:
-            return self.backend.model(inputs, targets, positions=positions[0])
+        if positions:  # the documents' bounds from the host's copy: no device sync in forward
+            docs = document_bounds(batch[2]).to(device, non_blocking=True)
+            return self.backend.model(inputs, targets, positions=positions[0], documents=docs)
         return self.backend.model(inputs, targets)
 
     def _token_weights(self, batches: list[Batch]) -> list[torch.Tensor] | None:
@@ -307,7 +310,9 @@ class Trainer:
         cmd = self.control.resume_command
         if self.step == self.last_saved:
             where = ckpt.latest_checkpoint(self.ckpt_root)
-            held = f"checkpoint {where} holds it" if where else "nothing to save yet"
+            held = (
+                f"checkpoint {where} holds it" if where else "nothing saved yet (it starts again)"
+            )
             raise self.stops.signal_stop(self.step, held, cmd)
         t0 = time.perf_counter()
         path = self.save()
