@@ -60,6 +60,9 @@ class Workload:
     lora: Adapters | None = None  # LoRA: what trains instead of the whole model
     fp8: str = "none"  # precision.fp8: none | tensorwise | rowwise (block Linear layers in float8)
     fused_optim: bool = True  # optim.fused not false: a host-resident AdamW steps fused
+    # DPO with the adapters-off reference: one more forward per micro-batch, without gradients
+    # (nothing kept for backward, so no memory beyond a training forward's)
+    reference_forward: bool = False
 
     def trained(self, params: int) -> int:
         """Parameters that train, of a base of ``params``: all, or with LoRA the adapters."""

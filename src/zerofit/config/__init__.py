@@ -253,6 +253,7 @@ def validate(cfg: Config) -> None:
             "stored in bf16 words that fp16 compute would convert; use precision.mode: bf16 "
             "(or auto)"
         )
+    _check_objective(cfg)
     p = cfg.parallel
     if (p.activation_checkpointing == "first_k") != (p.ac_blocks is not None):
         raise UserError(
@@ -262,6 +263,27 @@ def validate(cfg: Config) -> None:
     check = type(cfg).engine_check
     if check is not None:
         check(cfg)
+
+
+def _check_objective(cfg: Config) -> None:
+    """Preference pairs and the DPO objective go together; the reference without extra weights
+    needs adapters to switch off."""
+    dpo, pairs = cfg.train.objective == "dpo", cfg.data.format == "preference"
+    if dpo and not pairs:
+        raise UserError(
+            f"train.objective=dpo trains on preference pairs: set data.format: preference (its "
+            f"records hold prompt, chosen and rejected), not {cfg.data.format}"
+        )
+    if pairs and not dpo:
+        raise UserError(
+            "data.format=preference holds pairs for train.objective: dpo; set it, or use a "
+            "fine-tuning format (chat, prompt_completion, ...) for next-token training"
+        )
+    if cfg.train.dpo.reference == "adapters_off" and cfg.model.lora.rank == 0:
+        raise UserError(
+            "train.dpo.reference=adapters_off takes the base without LoRA's adapters as the "
+            "reference: give model.lora.rank > 0, or train.dpo.reference: precomputed"
+        )
 
 
 def check_world(cfg: Config, world_size: int) -> int:

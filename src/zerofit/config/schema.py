@@ -20,6 +20,7 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from zerofit.config.fields import SECTION, Bool, Float, Int, Positive, Str, doc
+from zerofit.config.objectives import DPOConfig
 from zerofit.config.sizes import Size
 
 Dtype = Literal["bf16", "fp16", "fp32"]
@@ -110,16 +111,19 @@ class DataConfig:
         doc("'stdlib' (this Python's own sources), or .txt/.jsonl/.json/.parquet files or dirs"),
     ] = "stdlib"
     format: A[
-        Literal["text", "prompt_completion", "chat", "sharegpt", "alpaca"],
+        Literal["text", "prompt_completion", "chat", "sharegpt", "alpaca", "preference"],
         doc(
             "text: documents packed end to end; prompt_completion, chat ({messages: [{role, "
             "content}]}), sharegpt ({conversations: [{from, value}]}) or alpaca ({instruction, "
-            "input, output}): fine-tuning samples"
+            "input, output}): fine-tuning samples; preference ({prompt, chosen, rejected}, as "
+            "strings or chat turns): pairs for train.objective dpo"
         ),
     ] = "text"
     field: A[Str, doc("text: the field holding the document text")] = "text"
     prompt_field: A[Str, doc("prompt_completion: the prompt's field")] = "prompt"
     completion_field: A[Str, doc("prompt_completion: the completion's field")] = "completion"
+    chosen_field: A[Str, doc("preference: the preferred response's field")] = "chosen"
+    rejected_field: A[Str, doc("preference: the dispreferred response's field")] = "rejected"
     messages_field: A[
         Str | None,
         doc("chat / sharegpt: the list of turns (null: messages / conversations)"),
@@ -165,6 +169,15 @@ class DataConfig:
 @dataclass(config=SECTION)
 class TrainConfig:
     """Steps and batch arithmetic."""
+
+    objective: A[
+        Literal["next_token", "dpo"],
+        doc(
+            "next_token: the mean next-token loss (pretraining, supervised fine-tuning); dpo: "
+            "preference pairs (data.format preference), see train.dpo"
+        ),
+    ] = "next_token"
+    dpo: DPOConfig = field(default_factory=DPOConfig)
 
     steps: A[
         Int | None, doc("optimizer steps (null with train.epochs: computed from the data)", **STEPS)

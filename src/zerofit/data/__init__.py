@@ -4,8 +4,10 @@
 - ``sources``: "stdlib", .txt/.jsonl/.json/.parquet files and directories.
 - ``formats``: what chat, ShareGPT and Alpaca records hold (fields, role map).
 - ``samples``: prompt/completion and chat records rendered to ids and loss masks.
+- ``pairs``: preference records (prompt, chosen, rejected) rendered to two documents each.
 - ``sizing``: whether the rows hold out validation and fill a global batch; steps from epochs.
 - ``packing``: text rows, sample rows kept apart (first-fit), the train/val split.
+- ``pair_rows``: pairs split by pair, fitted and packed into rows with a pair-id channel.
 - ``build``: a data config to a ``DataBundle``; ``loader``: ``PackedLoader`` and eval batches.
 """
 
@@ -22,6 +24,15 @@ from zerofit.data.packing import (
     split_train_val,
     tokenize_stream,
 )
+from zerofit.data.pair_rows import (
+    PairStats,
+    fit_pairs,
+    pack_pairs,
+    pair_ids,
+    split_pairs,
+    truncate_pair,
+)
+from zerofit.data.pairs import Pair, PairRenderer, render_pairs
 from zerofit.data.samples import (
     ChatRenderer,
     Sample,
@@ -56,6 +67,9 @@ __all__ = [
     "HFTokenizer",
     "PackStats",
     "PackedLoader",
+    "Pair",
+    "PairRenderer",
+    "PairStats",
     "real_tokens",
     "RowSupply",
     "Sample",
@@ -67,6 +81,7 @@ __all__ = [
     "eval_batches",
     "field_names",
     "first_fit",
+    "fit_pairs",
     "fit_samples",
     "has_chat_template",
     "iter_documents",
@@ -74,12 +89,17 @@ __all__ = [
     "iter_sample_records",
     "load_tokenizer",
     "pack",
+    "pack_pairs",
     "pack_samples",
+    "pair_ids",
     "prompt_completion_sample",
+    "render_pairs",
     "render_samples",
     "sampler",
+    "split_pairs",
     "split_train_val",
     "stdlib_files",
     "to_batch",
     "tokenize_stream",
+    "truncate_pair",
 ]

@@ -10,6 +10,8 @@
   With a chat template it is a chat (system, user, assistant = output); without one, plain text:
   ``system + "\\n\\n"`` (if any), the user's turn and ``"\\n\\n"`` are the prompt, the output the
   completion.
+- ``preference``: ``prompt``, ``chosen`` and ``rejected``, as strings or chat turns (or ``chosen``
+  and ``rejected`` alone, whole conversations sharing their prompt); see ``zerofit.data.pairs``.
 
 ``data.roles`` maps a record's role names to the template's (``{bot: assistant}``); for chat it
 only renames the roles it names. ``data.columns`` renames fields: ``{the format's name: the
@@ -44,6 +46,8 @@ _BASE = {
     "input": "input",
     "output": "output",
     "system": "system",
+    "chosen": "chosen",
+    "rejected": "rejected",
 }
 _FORMAT_NAMES = {"sharegpt": {"messages": "conversations", "role": "from", "content": "value"}}
 COLUMN_NAMES = frozenset([*_BASE, *_FORMAT_NAMES["sharegpt"].values()])
@@ -51,6 +55,8 @@ _OPTION_KEYS = {
     "prompt": "prompt_field",
     "completion": "completion_field",
     "messages": "messages_field",
+    "chosen": "chosen_field",
+    "rejected": "rejected_field",
 }
 
 
@@ -63,7 +69,7 @@ def field_names(
     fmt: str, columns: Mapping[str, str] | None = None, **given: str | None
 ) -> dict[str, str]:
     """The record fields a format reads: its defaults, then ``given`` (data.prompt_field,
-    completion_field, messages_field: None keeps the default), then ``columns`` (data.columns:
+    completion_field, messages_field, chosen_field, rejected_field: None keeps the default), then ``columns`` (data.columns:
     {the format's field name, or the key: the name in the records})."""
     unknown = sorted(set(columns or {}) - COLUMN_NAMES)
     if unknown:
@@ -89,6 +95,8 @@ def config_key(fmt: str, key: str) -> str:
 
 def guess_format(obj: dict[str, Any]) -> str | None:
     """The format a record looks like, to name in an error line."""
+    if "chosen" in obj and "rejected" in obj:
+        return "preference"
     if isinstance(obj.get("conversations"), list):
         return "sharegpt"
     if "instruction" in obj and "output" in obj:

@@ -1,7 +1,9 @@
 """The sharded, seeded, resumable micro-batch stream over training rows, and the eval batches.
 
-A batch is the model's positional arguments: ``(inputs, targets)`` for text rows [N, seq_len+1],
-``(inputs, targets, positions)`` for fine-tuning rows [N, 3, seq_len] (all int64 [B, seq_len]).
+A batch is ``(inputs, targets)`` for text rows [N, seq_len+1], ``(inputs, targets, positions)``
+for fine-tuning rows [N, 3, seq_len], and ``(inputs, targets, positions, pairs)`` for preference
+rows [N, 4, seq_len] (``zerofit.data.pair_rows``: ``g + 1`` / ``-(g + 1)`` where a target scores
+the chosen / rejected response of pair ``g``, 0 elsewhere); all int64 [B, seq_len].
 
 Sequence layout of one global batch (``B`` = micro batch size, ``A`` = grad-accum steps,
 ``D`` = data-parallel size): micro-step ``a`` on rank ``r`` takes the permutation entries at
@@ -21,8 +23,8 @@ Batch = tuple[torch.Tensor, ...]
 
 def to_batch(rows: np.ndarray | torch.Tensor) -> Batch:
     t = torch.as_tensor(rows).to(torch.int64)
-    if t.dim() == 3:  # fine-tuning rows: inputs, targets, positions
-        return t[:, 0].contiguous(), t[:, 1].contiguous(), t[:, 2].contiguous()
+    if t.dim() == 3:  # fine-tuning rows: inputs, targets, positions (and pair ids)
+        return tuple(t[:, c].contiguous() for c in range(t.shape[1]))
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
 
@@ -84,6 +86,11 @@ class PackedLoader:
     def masked(self) -> bool:
         """Whether batches carry positions and masked targets (fine-tuning rows)."""
         return np.ndim(self.sequences) == 3
+
+    @property
+    def paired(self) -> bool:
+        """Whether batches carry pair ids (preference rows: 4-tuples)."""
+        return self.masked and self.sequences.shape[1] == 4
 
     def _permutation(self) -> torch.Tensor:
         if self._perm_epoch != self.epoch:

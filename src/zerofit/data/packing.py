@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from zerofit.data.samples import Sample
+from zerofit.data.sizing import val_rows
 from zerofit.data.tokenizers import Tokenizer
 from zerofit.errors import UserError
 
@@ -168,13 +169,19 @@ def split_train_val(
     sequences: np.ndarray, val_fraction: float, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
     """A seeded, deterministic, disjoint split; at least one val row when val_fraction > 0."""
+    is_val = held_out(len(sequences), val_fraction, seed, "packed sequences")
+    return sequences[~is_val], sequences[is_val]
+
+
+def held_out(n: int, val_fraction: float, seed: int, what: str) -> np.ndarray:
+    """Which of ``n`` items go to validation [n] bool: a seeded, deterministic choice of
+    ``max(1, round(n * val_fraction))`` (none when val_fraction is 0)."""
     if not 0.0 <= val_fraction < 1.0:
         raise UserError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    n = len(sequences)
-    n_val = 0 if val_fraction == 0 else max(1, round(n * val_fraction))
+    n_val = val_rows(n, val_fraction)
     if n_val >= n:
-        raise UserError(f"only {n} packed sequences: too few to hold out {n_val} for validation")
+        raise UserError(f"only {n} {what}: too few to hold out {n_val} for validation")
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy()
     is_val = np.zeros(n, dtype=bool)
     is_val[perm[:n_val]] = True
-    return sequences[~is_val], sequences[is_val]
+    return is_val

@@ -5,9 +5,11 @@
 
 - ``row_view`` cuts a row into its samples (fine-tuning rows are [3, seq_len]: inputs, targets
   with -100 where no loss falls, positions restarting at 0 for each sample; the rest of a row is
-  padding) or, for ``data.format: text``, into documents (split after each EOS), and decodes it
-  token by token (``readable_pieces``) with the loss-bearing tokens marked;
-- ``Preview.count_lines`` counts samples, tokens, loss tokens, rows, fill, what was cut.
+  padding), its pairs' chosen and rejected documents (preference rows, [4, seq_len]: the fourth
+  channel names each loss place's pair) or, for ``data.format: text``, into documents (split
+  after each EOS), and decodes it token by token (``readable_pieces``) with the loss-bearing
+  tokens marked;
+- ``Preview.count_lines`` counts samples (or pairs), tokens, loss tokens, rows, fill, what was cut.
 
 The terminal view is in ``zerofit.commands.data``; the HTML page and the histogram in
 ``zerofit.data.preview_html``.
@@ -20,8 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zerofit.config import Config
-from zerofit.data.build import DataBundle
+from zerofit.data.build import DataBundle, cached_pairs
 from zerofit.data.packing import IGNORE_INDEX, PackStats, tokenize_stream
+from zerofit.data.pair_rows import PairStats
 from zerofit.data.samples import render_samples
 from zerofit.data.sources import iter_documents, iter_sample_records
 from zerofit.data.tokenizers import AnyTokenizer, ByteTokenizer, FolderTokenizer
@@ -41,19 +44,22 @@ class Token:
 
 @dataclass
 class Segment:
-    """A sample (or, in text rows, a piece of a document) within a row, or the row's padding."""
+    """A sample (or, in text rows, a piece of a document; in preference rows, a pair's chosen or
+    rejected document) within a row, or the row's padding."""
 
-    kind: str  # "sample" | "document" | "padding"
+    kind: str  # "sample" | "document" | "padding" | "chosen" | "rejected"
     places: int  # row places it takes
     tokens: list[Token] = field(default_factory=list)  # decoded (up to the display limit)
     size: int = 0  # tokens the model sees of it (a sample's last one only as a target)
     loss: int = 0  # of which loss targets
+    pair: int | None = None  # chosen / rejected: the pair's id g in its split
 
     def head(self, number: int) -> str:
         if self.kind == "padding":
             return f"padding: {self.places} places, no loss"
         shown = "" if len(self.tokens) == self.size else f", {len(self.tokens)} shown"
-        return f"{self.kind} {number}: {self.size} tokens, {self.loss} with loss{shown}"
+        name = f"{self.kind} {number}" if self.pair is None else f"pair {self.pair}, {self.kind}"
+        return f"{name}: {self.size} tokens, {self.loss} with loss{shown}"
 
 
 @dataclass
@@ -72,11 +78,22 @@ class Preview:
     def rows(self) -> int:
         return len(self.data.train) + len(self.data.val)
 
+    @property
+    def unit(self) -> str:
+        """What ``lengths`` measures."""
+        return (
+            "documents" if self.data.stats is None else "pairs" if self.data.paired else "samples"
+        )
+
+    @property
+    def fits(self) -> int:
+        """The most tokens of one unit a row holds (a pair: two documents of L - 1 places each)."""
+        return self.seq_len + (2 if self.data.paired else 1)
+
     def count_lines(self) -> list[tuple[str, str]]:
         """(what, how many) for the counts table."""
         stats = self.data.stats
-        n = len(self.lengths)
-        unit = "documents" if stats is None else "samples"
+        n, unit = len(self.lengths), self.unit
         out = [
             ("format", _format(self)),
             (unit, f"{stats.samples if stats else n:,}"),
@@ -89,7 +106,8 @@ class Preview:
             ("seq_len", f"{self.seq_len:,}"),
             ("fill", _share(self.placed, self.rows * self.seq_len)),
         ]
-        out += _cut_lines(stats, self.data.num_tokens - self.rows * (self.seq_len + 1))
+        out += _cut_lines(stats, self.data.num_tokens - self.rows * (self.seq_len + 1), unit)
+        out += _pair_lines(stats)
         if n:
             q = np.percentile(np.asarray(self.lengths), [50, 95])
             spread = [min(self.lengths), round(q[0]), round(q[1]), max(self.lengths)]
@@ -103,6 +121,11 @@ class Preview:
             return (
                 "data.format text: no masks; every token is a loss target but the first of each "
                 "row (documents run across rows, separated by EOS)"
+            )
+        if self.data.paired:
+            return (
+                "each pair is its chosen then its rejected document; the marked tokens are the "
+                "responses' tokens scored for DPO, each predicted from the tokens before it"
             )
         return "loss falls on the marked tokens: each is predicted from the tokens before it"
 
@@ -118,18 +141,27 @@ def _share(part: int, whole: int) -> str:
     return f"{part / whole:.1%}" if whole else "-"
 
 
-def _cut_lines(stats: PackStats | None, tail: int) -> list[tuple[str, str]]:
+def _cut_lines(stats: PackStats | None, tail: int, unit: str) -> list[tuple[str, str]]:
     if stats is None:
         return [("tail tokens left out", f"{tail:,}")]
     out = [
         (
-            "truncated samples",
+            f"truncated {unit}",
             f"{stats.truncated_samples:,} ({stats.truncated_tokens:,} tokens cut)",
         ),
-        ("dropped samples", f"{stats.dropped_samples:,} ({stats.dropped_tokens:,} tokens)"),
+        (f"dropped {unit}", f"{stats.dropped_samples:,} ({stats.dropped_tokens:,} tokens)"),
     ]
     if stats.skipped_samples:
         out.append(("skipped (no loss token)", f"{stats.skipped_samples:,}"))
+    return out
+
+
+def _pair_lines(stats: PackStats | None) -> list[tuple[str, str]]:
+    if not isinstance(stats, PairStats):
+        return []
+    out = [("pairs (train / val)", f"{stats.train_pairs:,} / {stats.val_pairs:,}")]
+    if stats.identical_pairs:
+        out.append(("chosen = rejected", f"{stats.identical_pairs:,} (nothing to learn)"))
     return out
 
 
@@ -161,10 +193,13 @@ def _sample_lengths(cfg: Config, data: DataBundle, rows: list[np.ndarray]) -> li
     when none was cut, dropped or skipped; else rendered again, as ``build_data`` renders them."""
     s, opts = data.stats, data.options
     assert s is not None and opts is not None
+    d = cfg.data
+    if data.paired:  # each pair's tokens as read (as build_data read them: cached)
+        pairs = cached_pairs(d.source, data.tokenizer, d.tokenizer, opts, d.max_tokens)
+        return [p.tokens for p in pairs]
     if not (s.truncated_samples or s.dropped_samples or s.skipped_samples):
         segs = [seg for r in rows for row in r for seg in _segments(row)]
         return sorted(seg.places + 1 for seg in segs if seg.kind == "sample")
-    d = cfg.data
     records = iter_sample_records(d.source)
     fmt, fields, roles = opts.format, opts.fields(), opts.role_map()
     samples = render_samples(
@@ -186,12 +221,17 @@ def _document_lengths(cfg: Config, tok: AnyTokenizer) -> list[int]:
 
 
 def _segments(row: np.ndarray) -> list[Segment]:
-    """A fine-tuning row [3, seq_len] cut where positions restart at 0 (tokens not decoded)."""
+    """A fine-tuning row [3, seq_len] cut where positions restart at 0 (tokens not decoded); in a
+    preference row [4, seq_len], each document named chosen or rejected, with its pair."""
     starts = [*np.flatnonzero(row[2] == 0).tolist(), row.shape[1]]
     out = []
     for a, b in zip(starts[:-1], starts[1:], strict=True):
         is_pad = b == row.shape[1] and not (row[1, a:b] != IGNORE_INDEX).any()
-        out.append(Segment("padding" if is_pad else "sample", b - a))
+        seg = Segment("padding" if is_pad else "sample", b - a)
+        ids = row[3, a:b][row[3, a:b] != 0] if len(row) > 3 and not is_pad else []
+        if len(ids):
+            seg.kind, seg.pair = ("chosen" if ids[0] > 0 else "rejected"), abs(int(ids[0])) - 1
+        out.append(seg)
     return out
 
 
@@ -199,6 +239,13 @@ def _segments(row: np.ndarray) -> list[Segment]:
 class RowView:
     segments: list[Segment]
     hidden: int  # tokens of the row not decoded (past the limit)
+
+    def title(self) -> str:
+        """What the row holds, e.g. "3 sample(s)", "2 pair(s)"."""
+        parts = [s for s in self.segments if s.kind != "padding"]
+        if parts and parts[0].pair is not None:
+            return f"{len({s.pair for s in parts})} pair(s)"
+        return f"{len(parts)} {parts[0].kind if parts else 'sample'}(s)"
 
 
 def row_view(p: Preview, index: int, limit: int | None = None) -> RowView:
@@ -212,7 +259,7 @@ def row_view(p: Preview, index: int, limit: int | None = None) -> RowView:
     out, a, hidden = [], 0, 0
     for seg in _segments(row):
         b = a + seg.places
-        if seg.kind == "sample":
+        if seg.kind != "padding":
             ids = row[0, a:b].tolist()
             loss = [False, *(row[1, a : b - 1] != IGNORE_INDEX).tolist()]
             if row[1, b - 1] != IGNORE_INDEX:  # the last token: only a target

@@ -50,8 +50,7 @@ def _segment(seg: Segment, number: int) -> str:
 
 
 def _row(index: int, total: int, view: RowView) -> str:
-    samples = [s for s in view.segments if s.kind != "padding"]
-    parts = [f"<h2>train row {index + 1} of {total}: {len(samples)} {samples[0].kind}(s)</h2>"]
+    parts = [f"<h2>train row {index + 1} of {total}: {view.title()}</h2>"]
     parts += [_segment(s, i + 1) for i, s in enumerate(view.segments)]
     if view.hidden:
         parts.append(f'<div class="more">... {view.hidden} more tokens in this row</div>')
@@ -78,16 +77,17 @@ def page(p: Preview, views: list[RowView], title: str) -> str:
 
 
 def write_histogram(p: Preview, path: Path) -> None:
-    """Sample lengths in tokens, the longest that fits a row (seq_len + 1) marked."""
+    """Sample (pair) lengths in tokens, the longest that fits a row (seq_len + 1; a pair's two
+    documents: seq_len + 2) marked."""
     fig = Figure(figsize=(8, 4.5), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    unit = "documents" if p.data.stats is None else "samples"
+    unit = p.unit
     lengths = p.lengths or [0]
     ax.hist(lengths, bins=min(60, max(1, len(set(lengths)))), color="#4a90c2")
-    limit = p.seq_len + 1
+    limit, extra = p.fits, p.fits - p.seq_len
     ax.axvline(
-        limit, color="#c0392b", linestyle="--", label=f"seq_len + 1 = {limit:,} (fits a row)"
+        limit, color="#c0392b", linestyle="--", label=f"seq_len + {extra} = {limit:,} (fits a row)"
     )
     over = sum(n > limit for n in p.lengths)
     ax.set_title(

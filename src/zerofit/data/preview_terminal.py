@@ -57,8 +57,7 @@ def header(console: Console, p: Preview, config: str | None, tokenizer: str) -> 
 
 
 def print_row(console: Console, index: int, total: int, view: RowView, masked: bool) -> None:
-    parts = [s for s in view.segments if s.kind != "padding"]
-    console.rule(f"train row {index + 1} of {total}: {len(parts)} {parts[0].kind}(s)")
+    console.rule(f"train row {index + 1} of {total}: {view.title()}")
     number = 0
     for seg in view.segments:
         number += seg.kind != "padding"

@@ -101,14 +101,15 @@ class ChatRenderer:
             ) from None
 
     def assistant_spans(
-        self, messages: list[dict[str, Any]], full: str, where: str
+        self, messages: list[dict[str, Any]], full: str, where: str, first: int = 0
     ) -> list[tuple[int, int]]:
-        """Character spans of the assistant turns in ``full`` (content + end of turn)."""
+        """Character spans of the assistant turns in ``full`` (content + end of turn), from
+        message ``first`` on."""
         spans = []
         for i, m in enumerate(messages):
-            if m["role"] != "assistant":
+            if m["role"] != "assistant" or i < first:
                 continue
-            head = self._head(messages[:i], where)
+            head = self.head(messages[:i], where)
             turn = self.render(messages[: i + 1], where)
             if not (full.startswith(head) and full.startswith(turn) and len(head) <= len(turn)):
                 raise UserError(
@@ -118,7 +119,7 @@ class ChatRenderer:
             spans.append((len(head), len(turn)))
         return spans
 
-    def _head(self, before: list[dict[str, Any]], where: str) -> str:
+    def head(self, before: list[dict[str, Any]], where: str) -> str:
         """What precedes an assistant turn: the conversation so far and the assistant header."""
         if before:
             return self.render(before, where, generation=True)
@@ -133,19 +134,36 @@ class ChatRenderer:
         messages = formats.conversation(obj, where, "chat", names, None)
         return self.sample_messages(messages, where, train_on)
 
+    def encode(self, full: str) -> tuple[np.ndarray, np.ndarray]:
+        """A rendering's ids [L] (int32) and each token's character span [L, 2]."""
+        enc = self.hf(full, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        return np.asarray(enc["input_ids"], dtype=np.int32), offsets
+
     def sample_messages(self, messages: list[dict[str, Any]], where: str, train_on: str) -> Sample:
         """A conversation's ids, and its assistant turns as the mask (train_on=completion)."""
         full = self.render(messages, where)
-        enc = self.hf(full, add_special_tokens=False, return_offsets_mapping=True)
-        ids = np.asarray(enc["input_ids"], dtype=np.int32)
+        ids, offsets = self.encode(full)
+        return Sample(ids, self.loss_mask(messages, full, offsets, where, train_on), where)
+
+    def loss_mask(
+        self,
+        messages: list[dict[str, Any]],
+        full: str,
+        offsets: np.ndarray,
+        where: str,
+        train_on: str,
+        first: int = 0,
+    ) -> np.ndarray:
+        """The tokens of ``full`` (by ``offsets``) the loss falls on: every one (train_on=all),
+        else those of the assistant turns from message ``first`` on."""
         if train_on == "all":
-            return Sample(ids, np.ones(len(ids), dtype=bool), where)
-        formats.check_learns(messages, self.fmt, where)
-        offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
-        mask = np.zeros(len(ids), dtype=bool)
-        for lo, hi in self.assistant_spans(messages, full, where):
+            return np.ones(len(offsets), dtype=bool)
+        formats.check_learns(messages[first:], self.fmt, where)
+        mask = np.zeros(len(offsets), dtype=bool)
+        for lo, hi in self.assistant_spans(messages, full, where, first):
             mask |= (offsets[:, 0] < hi) & (np.maximum(offsets[:, 1], offsets[:, 0] + 1) > lo)
-        return Sample(ids, mask, where)
+        return mask
 
 
 Sampler = Callable[[dict[str, Any], str], Sample]

@@ -32,7 +32,7 @@ from zerofit.models.hf_attention import (
     runs_varlen,
 )
 from zerofit.models.hf_attention import NAME as VARLEN
-from zerofit.models.loss import LMHead, cross_entropy
+from zerofit.models.loss import LMHead, cross_entropy, token_cross_entropy
 
 
 def head_structure_fallback(model: nn.Module) -> str | None:
@@ -49,7 +49,8 @@ def head_structure_fallback(model: nn.Module) -> str | None:
 
 
 class HFCausalLM(nn.Module):
-    """Adapter over an HF causal LM in ``self.hf``: logits, or the mean loss given targets.
+    """Adapter over an HF causal LM in ``self.hf``: logits, or the mean loss given targets (each
+    token's, ``per_token=True``).
 
     ``fused``: run the decoder, then the output layer + loss in chunks of ``loss_chunk`` tokens
     (the head must pass ``head_structure_fallback``). Otherwise the whole HF model gives logits.
@@ -71,20 +72,27 @@ class HFCausalLM(nn.Module):
         targets: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
         documents: torch.Tensor | None = None,
+        per_token: bool = False,
     ) -> torch.Tensor:
-        """tokens [B, T] -> logits [B, T, V]; with targets [B, T] (-100: no loss), the mean loss.
+        """tokens [B, T] -> logits [B, T, V]; with targets [B, T] (-100: no loss), the mean loss;
+        with ``per_token`` too, each place's loss [B, T] in fp32 (0 where the target is -100).
 
         positions [B, T] or None (plain causal attention over the whole row); documents: their
         bounds as ``zerofit.models.doc_attention.document_bounds`` gives them, computed on the
         host by the caller (else here, at the cost of a device sync)."""
+        if per_token and targets is None:
+            raise ValueError("per_token=True needs the targets")
         extra = self._doc_kwargs(tokens, positions, documents)
         if not self.fused:
             logits = self.hf(input_ids=tokens, position_ids=positions, use_cache=False, **extra)
             logits = logits.logits
-            return logits if targets is None else cross_entropy(logits, targets)
+            if targets is None:
+                return logits
+            loss = token_cross_entropy if per_token else cross_entropy
+            return loss(logits, targets)
         out = self.hf.base_model(input_ids=tokens, position_ids=positions, use_cache=False, **extra)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        return self.hf.get_output_embeddings()(hidden, targets)
+        return self.hf.get_output_embeddings()(hidden, targets, per_token=per_token)
 
     def _doc_kwargs(
         self, tokens: torch.Tensor, positions: torch.Tensor | None, documents: torch.Tensor | None

@@ -207,10 +207,12 @@ class Llama(nn.Module):
         targets: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
         documents: torch.Tensor | None = None,
+        per_token: bool = False,
     ) -> torch.Tensor:
         """tokens [B, T] (int64) -> logits [B, T, vocab_size]; with targets [B, T] (-100: no loss),
         the mean loss over the valid targets (computed chunk by chunk, never holding all logits:
-        see ``zerofit.models.loss``). ``positions`` [B, T] (int64) restart at 0 at each packed
+        see ``zerofit.models.loss``); with ``per_token`` too, each place's loss [B, T] in fp32
+        (0 where the target is -100). ``positions`` [B, T] (int64) restart at 0 at each packed
         document: attention stays within documents and RoPE uses them. ``documents`` (the
         documents' bounds that the HF adapter takes) is not needed: the ids come from positions."""
         del documents
@@ -224,4 +226,4 @@ class Llama(nn.Module):
             docs = document_ids(positions)
             for layer in self.layers:
                 h = layer(h, rope, docs)
-        return self.output(self.norm(h), targets)
+        return self.output(self.norm(h), targets, per_token=per_token)

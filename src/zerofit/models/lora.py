@@ -89,7 +89,7 @@ class LoRALinear(nn.Module):
         self.lora_A = LoRAFactor(base.in_features, rank, device)
         self.lora_B = LoRAFactor(rank, base.out_features, device)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        self.p, self.scale, self.lean = dropout, alpha / rank, lean
+        self.p, self.scale, self.lean, self.enabled = dropout, alpha / rank, lean, True
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "nf4"):
@@ -103,6 +103,8 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self._base(x)
+        if not self.enabled:  # adapters off (DPO's reference): the base alone
+            return out
         a, b = self.lora_A.weight, self.lora_B.weight
         if self._lean():
             return out + lora_delta(x, a, b, self.p, self.scale, self.training)
@@ -113,7 +115,7 @@ class LoRALinear(nn.Module):
     ) -> torch.Tensor:
         """``forward(act)`` for ``act = silu(gate) * up`` (a gated MLP's down projection, called so
         by ``lean_ops``): the lean update keeps `gate` and `up` instead of `act`."""
-        if not self._lean():
+        if not (self._lean() and self.enabled):
             return self.forward(act)
         a, b = self.lora_A.weight, self.lora_B.weight
         delta = lora_delta_gated(act, gate, up, a, b, self.p, self.scale, self.training)

@@ -142,7 +142,17 @@ def workload_for(cfg: Config, world_size: int, device_type: str = "cuda") -> Wor
         lora=adapters_for(cfg),
         fp8=p.fp8,
         fused_optim=cfg.optim.fused is not False,
+        reference_forward=reference_forward(cfg),
     )
+
+
+def reference_forward(cfg: Config) -> bool:
+    """Whether each micro-batch runs DPO's reference forward too (train.dpo.reference
+    adapters_off, or auto with LoRA); a precomputed reference runs once, before the first step."""
+    if cfg.train.objective != "dpo":
+        return False
+    way = cfg.train.dpo.reference
+    return way == "adapters_off" or (way == "auto" and cfg.model.lora.rank > 0)
 
 
 def adapters_for(cfg: Config) -> Adapters | None:

@@ -2,7 +2,8 @@
 
 step = compute + exposed communication + CPU optimizer time (+ NVMe traffic), where
 - compute = FLOPs per step / (GPUs x peak x efficiency), FLOPs x 4/3 with full activation
-  checkpointing (the forward runs twice);
+  checkpointing (the forward runs twice), and the forward's share again for DPO's adapters-off
+  reference (`Workload.reference_forward`);
 - communication moves, per rank and step, (S-1)/S of: FSDP / ZeRO-3 all-gather of the parameters in
   forward and again in backward (2 x P x e_c) plus the gradient reduce-scatter (P x e_r); ZeRO-1/2 a
   reduce-scatter of gradients and an all-gather of updated parameters; DDP an all-reduce (2 x P x
@@ -134,7 +135,7 @@ def dequant_seconds(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> fl
     (and each recomputed forward) rebuilds every one, for each micro-batch."""
     if w.lora is None or not w.lora.quantized:
         return 0.0
-    passes = 2.0 + len(s.recomputed(m.n_layers)) / max(1, m.n_layers)
+    passes = 2.0 + len(s.recomputed(m.n_layers)) / max(1, m.n_layers) + float(w.reference_forward)
     moved = w.lora.quantized * (NF4_BYTES + w.e_c) * passes * w.grad_accum_steps
     return moved / (hw.mem_bw * (DEQUANT_EFFICIENCY if s.compile else DEQUANT_EAGER_EFFICIENCY))
 
@@ -148,6 +149,8 @@ def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
     # re-runs the cheap elementwise ops
     recompute = 1.03 if s.activation_checkpointing == "selective" else 1.0
     recompute += len(s.recomputed(m.n_layers)) / max(1, m.n_layers) * forward_share(m, w)
+    if w.reference_forward:  # DPO's reference: the base's forward again, adapters off
+        recompute += forward_share(m, w)
     compute = flops * recompute * bandwidth_factor(hw) / (W * hw.peak_flops * efficiency(s, m.dim))
     compute *= fp8_time_factor(m, w, s.compile)
     compute += dequant_seconds(m, w, s, hw)

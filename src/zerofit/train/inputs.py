@@ -112,6 +112,8 @@ def sample_options(cfg: Config) -> SampleOptions | None:
         format=d.format,
         prompt_field=d.prompt_field,
         completion_field=d.completion_field,
+        chosen_field=d.chosen_field,
+        rejected_field=d.rejected_field,
         messages_field=d.messages_field,
         train_on=d.train_on,
         overlong=d.overlong,

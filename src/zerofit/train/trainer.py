@@ -15,18 +15,17 @@ import torch
 
 from zerofit import checkpoint as ckpt
 from zerofit.config import Config
-from zerofit.data import Batch, eval_batches, real_tokens
+from zerofit.data import eval_batches
 from zerofit.distributed.mesh import DistContext
 from zerofit.errors import EXIT_IO, EXIT_NONFINITE, DamagedFile, RunStopped, UserError
 from zerofit.faults.nonfinite import StepResult
 from zerofit.models.build import params_line, weights_line
 from zerofit.models.describe import fast_path_line
-from zerofit.models.doc_attention import document_bounds
-from zerofit.models.loss import IGNORE_INDEX
 from zerofit.report.profiling import DATA, FORWARD_BACKWARD, OPTIMIZER, StepProfiler
 from zerofit.report.run_files import write_precision_report
 from zerofit.train.components import RunControl, agreed, build_parts
 from zerofit.train.lr_schedule import lr_at
+from zerofit.train.objectives import NextToken, Preference, make_objective
 from zerofit.train.periodic import (
     EvalEvery,
     FirstSteps,
@@ -35,6 +34,7 @@ from zerofit.train.periodic import (
     SaveEvery,
     StopChecks,
 )
+from zerofit.train.reference import make_reference
 
 
 class Trainer:
@@ -57,6 +57,7 @@ class Trainer:
         self.last_saved = 0
         self.real_tokens: torch.Tensor | None = None  # the last step's, on fine-tuning rows
         self.profiler = StepProfiler.off()  # log.profile_steps: set up by fit()
+        self._objective: NextToken | Preference | None = None
         if ctx.is_main:
             for line in self._start_lines():
                 print(line, flush=True)
@@ -98,6 +99,8 @@ class Trainer:
                 summary.mark_step(self.real_tokens, loss)
                 first.after_step(self.step)
                 record = log.after_step(self.step, loss, result, self.lr, self.real_tokens)
+                if record is not None:
+                    record.update(self.objective().record())
                 if evals.due(self.step):
                     record = record or {"step": self.step}
                     record["eval_loss"] = self.evaluate()
@@ -226,16 +229,17 @@ class Trainer:
     def train_step(self) -> tuple[torch.Tensor, StepResult]:
         """One optimizer step over ``grad_accum_steps`` micro-batches. Text rows: each micro-batch
         loss / accum. Masked rows: the step's loss is the mean over every valid target of the
-        global batch (see `_token_weights`)."""
+        global batch, or DPO's mean over pairs (the objective's weights)."""
         accum = self.cfg.train.grad_accum_steps
         total = torch.zeros((), device=self.ctx.device)
+        objective = self.objective()
         with self.profiler.phase(DATA):
             batches = [self.loader.next_microbatch() for _ in range(accum)]
-            weights = self._token_weights(batches)
+            weights, self.real_tokens = objective.weights(batches)
         with self.profiler.phase(FORWARD_BACKWARD):
             for a, batch in enumerate(batches):
                 with self.backend.micro_step(is_last=a == accum - 1):
-                    loss = self._forward(batch)
+                    loss = objective.loss(self.backend.model, batch)
                     loss = loss / accum if weights is None else loss * weights[a]
                     self.backend.backward(loss)
                 total += loss.detach()
@@ -253,35 +257,9 @@ class Trainer:
         self.stops.check_step(self.step, result, self.next_move())
         return total, result
 
-    def _forward(self, batch: Batch) -> torch.Tensor:
-        """The model's mean loss over a micro-batch's valid targets (positions when it has them)."""
-        device = self.ctx.device
-        inputs, targets, *positions = (t.to(device, non_blocking=True) for t in batch)
-        if positions:  # the documents' bounds from the host's copy: no device sync in forward
-            docs = document_bounds(batch[2]).to(device, non_blocking=True)
-            return self.backend.model(inputs, targets, positions=positions[0], documents=docs)
-        return self.backend.model(inputs, targets)
-
-    def _token_weights(self, batches: list[Batch]) -> list[torch.Tensor] | None:
-        """Masked rows: micro-batch ``a``'s loss weight ``n_a * D / N``, with ``n_a`` its valid
-        targets and ``N`` those of the whole global batch (one all-reduce per step). The engines
-        average gradients over the D ranks, so the update is that of the global token mean, and
-        the logged loss (summed here, averaged over ranks) is that mean. Text rows: None."""
-        if not self.loader.masked:
-            self.real_tokens = None
-            return None
-        counts = [int((b[1] != IGNORE_INDEX).sum()) for b in batches]
-        real = sum(real_tokens(b) for b in batches)
-        both = torch.tensor([sum(counts), real], dtype=torch.float64, device=self.ctx.device)
-        both = self.ctx.all_reduce_sum(both)
-        self.real_tokens = both[1]  # of the global batch, for real tokens/s (no sync here)
-        n = both[0].clamp(min=1.0)
-        return [(count * self.ctx.dp_size / n).float() for count in counts]
-
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean eval loss: over the ranks' mean batch losses (text rows), or over every valid
-        target of every rank's batches (masked rows)."""
+        """The objective's mean eval loss over every rank's eval batches."""
         model = self.backend.model
         model.eval()
         batches = eval_batches(
@@ -291,19 +269,23 @@ class Trainer:
             self.ctx.dp_size,
             self.cfg.train.eval_batches,
         )
-        total = torch.zeros((), device=self.ctx.device)
-        sums = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)  # loss x n, n
-        for batch in batches:
-            with self.backend.micro_step(is_last=True):
-                loss = self._forward(batch)
-            total += loss
-            n = float((batch[1] != IGNORE_INDEX).sum())
-            sums += torch.stack([loss.double() * n, loss.new_tensor(n, dtype=torch.float64)])
+        loss = self.objective().eval_loss(model, batches, self.backend.micro_step)
         model.train()
-        if self.data.masked:
-            sums = self.ctx.all_reduce_sum(sums)
-            return (sums[0] / sums[1].clamp(min=1.0)).item()
-        return self.ctx.all_reduce_mean(total / len(batches)).item()
+        return loss
+
+    def objective(self) -> NextToken | Preference:
+        """What the steps minimise (``zerofit.train.objectives``), made at the first step: DPO's
+        precomputed reference is taken from the weights the run starts from, or read back on a
+        resume."""
+        if self._objective is None:
+            reference = None
+            if self.cfg.train.objective == "dpo":
+                splits = {"train": self.data.train, "val": self.data.val}
+                reference = make_reference(
+                    self.cfg, self.backend.model, splits, self.run_dir, self.ctx, self.step == 0
+                )
+            self._objective = make_objective(self.cfg, self.ctx, self.data.masked, reference)
+        return self._objective
 
     def stop_on_signal(self) -> None:
         """After the step every rank agreed to stop at: save it, then end with one line."""

@@ -1,0 +1,141 @@
+"""What a training step minimises: the next-token loss, or DPO's preference loss.
+
+An objective turns a step's micro-batches into the losses the engine backpropagates, weighted so
+that the update is that of the whole global batch's mean (over valid targets, or over preference
+pairs), and gives eval its loss. The trainer calls it and knows nothing of either loss.
+
+- ``NextToken``: text rows, each micro-batch's mean loss / accumulation; fine-tuning rows, the mean
+  over every valid target of the global batch (``weights``).
+- ``Preference`` (``train.objective: dpo``): rows of preference pairs (``zerofit.data``: a fourth
+  channel names each scored place's pair, + chosen, - rejected). Each pair's summed log-probability
+  of its chosen and rejected responses under the policy, against the frozen reference's
+  (``zerofit.train.reference``), gives DPO's sigmoid loss; the step's loss is the mean over every
+  pair of the global batch, and its reward margin, preference accuracy and log-probabilities are
+  logged beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from zerofit.config import Config
+from zerofit.data import Batch, real_tokens
+from zerofit.distributed.mesh import DistContext
+from zerofit.models.loss import IGNORE_INDEX
+from zerofit.train.micro_batch import forward
+from zerofit.train.preference import METRICS, dpo_loss, dpo_metrics, metric_means, pair_logps
+from zerofit.train.reference import Reference
+
+
+def _global_weights(
+    ctx: DistContext, counts: list[int], batches: list[Batch]
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Micro-batch ``a``'s weight ``n_a * D / N`` (``N``: the global batch's count, one
+    all-reduce), and the global batch's real tokens (no sync)."""
+    real = sum(real_tokens(b) for b in batches)
+    both = torch.tensor([sum(counts), real], dtype=torch.float64, device=ctx.device)
+    both = ctx.all_reduce_sum(both)
+    n = both[0].clamp(min=1.0)
+    return [(c * ctx.dp_size / n).float() for c in counts], both[1]
+
+
+class NextToken:
+    """The mean next-token loss."""
+
+    def __init__(self, cfg: Config, ctx: DistContext, masked: bool) -> None:
+        self.cfg, self.ctx, self.masked = cfg, ctx, masked
+
+    def weights(self, batches: list[Batch]) -> tuple[list[torch.Tensor] | None, Any]:
+        """Each micro-batch's loss weight and the global batch's real tokens. Masked rows: the
+        engines average gradients over the D ranks, so the update is that of the global token
+        mean, and the logged loss (summed, averaged over ranks) is that mean. Text rows: None."""
+        if not self.masked:
+            return None, None
+        counts = [int((b[1] != IGNORE_INDEX).sum()) for b in batches]
+        return _global_weights(self.ctx, counts, batches)
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        return forward(model, batch, self.ctx.device)
+
+    def eval_loss(self, model: nn.Module, batches: Iterable[Batch], micro_step: Any) -> float:
+        """Mean eval loss: over the ranks' mean batch losses (text rows), or over every valid
+        target of every rank's batches (masked rows)."""
+        ctx = self.ctx
+        total, count = torch.zeros((), device=ctx.device), 0
+        sums = torch.zeros(2, dtype=torch.float64, device=ctx.device)  # loss x n, n
+        for batch in batches:
+            with micro_step(is_last=True):
+                loss = self.loss(model, batch)
+            total, count = total + loss, count + 1
+            n = float((batch[1] != IGNORE_INDEX).sum())
+            sums += torch.stack([loss.double() * n, loss.new_tensor(n, dtype=torch.float64)])
+        if self.masked:
+            sums = ctx.all_reduce_sum(sums)
+            return (sums[0] / sums[1].clamp(min=1.0)).item()
+        return ctx.all_reduce_mean(total / max(count, 1)).item()
+
+    def record(self) -> dict[str, float]:
+        return {}
+
+
+class Preference:
+    """DPO: the mean over pairs of -log sigmoid(beta x (policy - reference) margin)."""
+
+    def __init__(self, cfg: Config, ctx: DistContext, reference: Reference) -> None:
+        self.cfg, self.ctx, self.reference = cfg, ctx, reference
+        self.sums = torch.zeros(len(METRICS), dtype=torch.float64, device=ctx.device)
+
+    def weights(self, batches: list[Batch]) -> tuple[list[torch.Tensor], Any]:
+        """Micro-batch ``a``'s weight ``n_a * D / N`` for ``n_a`` its pairs: the update is that of
+        the global batch's mean over pairs."""
+        counts = [int(torch.unique(b[3][b[3] > 0]).numel()) for b in batches]
+        return _global_weights(self.ctx, counts, batches)
+
+    def _pair_terms(self, model: nn.Module, batch: Batch, split: str) -> tuple[torch.Tensor, ...]:
+        nll = forward(model, batch, self.ctx.device, per_token=True)
+        pairs = batch[3].to(self.ctx.device, non_blocking=True)
+        ids, chosen, rejected = pair_logps(nll, pairs)
+        ref_chosen, ref_rejected = self.reference.logps(model, batch, ids, split)
+        d = self.cfg.train.dpo
+        losses, r_chosen, r_rejected = dpo_loss(
+            chosen, rejected, ref_chosen, ref_rejected, d.beta, d.label_smoothing
+        )
+        return losses, chosen.detach(), rejected.detach(), r_chosen, r_rejected
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        terms = self._pair_terms(model, batch, "train")
+        self.sums += dpo_metrics(*terms[1:])
+        losses = terms[0]
+        return losses.mean() if losses.numel() else losses.sum()
+
+    def eval_loss(self, model: nn.Module, batches: Iterable[Batch], micro_step: Any) -> float:
+        """The mean DPO loss over every eval pair of every rank."""
+        sums = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)  # loss sum, pairs
+        for batch in batches:
+            with micro_step(is_last=True):
+                losses = self._pair_terms(model, batch, "val")[0]
+            sums += torch.stack(
+                [losses.double().sum(), losses.new_tensor(losses.numel(), dtype=torch.float64)]
+            )
+        sums = self.ctx.all_reduce_sum(sums)
+        return (sums[0] / sums[1].clamp(min=1.0)).item()
+
+    def record(self) -> dict[str, float]:
+        """The logging window's DPO figures, each a mean over its pairs (one all-reduce)."""
+        sums = self.ctx.all_reduce_sum(self.sums.clone())
+        self.sums.zero_()
+        means = metric_means(sums)
+        return {"pairs": int(means.pop("pairs")), **{f"dpo_{k}": v for k, v in means.items()}}
+
+
+def make_objective(
+    cfg: Config, ctx: DistContext, masked: bool, reference: Reference | None
+) -> NextToken | Preference:
+    if cfg.train.objective == "dpo":
+        assert reference is not None
+        return Preference(cfg, ctx, reference)
+    return NextToken(cfg, ctx, masked)
