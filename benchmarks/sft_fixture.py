@@ -5,8 +5,8 @@ and a Hugging Face model folder of a given shape.
 
 writes OUT/model-<shape> for each shape (config.json + the tokenizer; no weights: both stacks
 initialise the same shape at random, which does not change their speed; zerofit needs
-model.random_init=true for that), OUT/chat.jsonl and
-OUT/fixture.json (what was made).
+model.random_init=true for that), OUT/chat.jsonl, OUT/pairs.jsonl (preference pairs: a prompt
+and two responses, for DPO) and OUT/fixture.json (what was made).
 
 The tokenizer is a byte-level BPE (32,000 entries) trained on this Python's standard library, with
 Llama-3-style header and end-of-turn tokens and a chat template written here. Conversations have 1-3
@@ -98,6 +98,21 @@ def conversation(rng: random.Random, text: str) -> dict:
     return {"messages": msgs}
 
 
+def pair(rng: random.Random, text: str) -> dict:
+    """A conversational preference pair: a prompt (a system message in a quarter of them, then a
+    user turn) and two assistant responses of independent lengths."""
+    prompt = (
+        [{"role": "system", "content": message(rng, text, 40, 400)}] if rng.random() < 0.25 else []
+    )
+    prompt.append({"role": "user", "content": message(rng, text, 40, 1500)})
+    chosen, rejected = (message(rng, text, 80, 3000) for _ in range(2))
+    return {
+        "prompt": prompt,
+        "chosen": [{"role": "assistant", "content": chosen}],
+        "rejected": [{"role": "assistant", "content": rejected}],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
@@ -129,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     with open(out / "chat.jsonl", "w") as f:
         for _ in range(a.samples):
             f.write(json.dumps(conversation(rng, text)) + "\n")
+    rng = random.Random(a.seed + 1)
+    with open(out / "pairs.jsonl", "w") as f:
+        for _ in range(a.samples):
+            f.write(json.dumps(pair(rng, text)) + "\n")
     facts = {"shapes": shapes, "samples": a.samples, "seed": a.seed, "tokenizer_vocab": len(tok)}
     (out / "fixture.json").write_text(json.dumps(facts, indent=1))
     print(json.dumps(facts), file=sys.stderr)

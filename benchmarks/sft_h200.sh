@@ -11,8 +11,8 @@
 #   fast-lora also runs zerofit eager and compiled without model.lean_ops at stock's split.
 #   issue 26's PHASEs: qlora-probe (1B) | qlora-8b (LIMIT GiB per GPU, default 23: a 24 GB card)
 #   | qlora-70b (zerofit alone, the whole card) | qlora-ac-probe (1B) | qlora-8b-splits |
-#   qlora-8b-host: see
-#   qlora_* below.
+#   qlora-8b-host: see qlora_* below. issue 28's PHASEs: dpo-8b | dpo-1b (TRL's DPOTrainer beside
+#   zerofit's DPO): see dpo_* below.
 # FIXTURE is what `python benchmarks/sft_fixture.py FIXTURE` made (model-1b, model-8b, chat.jsonl).
 # Each zerofit variant runs under `zerofit bench` (own processes, median step time after warm-up);
 # each stock run under torchrun. Needs zerofit, peft and pydantic importable (docs/benchmarks/).
@@ -170,6 +170,35 @@ qlora_8b_host() {  # after the host-time cuts (documents' bounds on the host, th
   zerofit 8b-qlora-host-2x8 190 $qlora $m8 "train.gpu_memory_limit=${lim}GiB" \
     --variant "2 x 8, planner's choice: train.micro_batch_size=2 train.grad_accum_steps=8"
 }
+# Issue 28: DPO. Stock is TRL's DPOTrainer (benchmarks/stock_dpo.py) on the fixture's pairs.jsonl,
+# with PEFT for LoRA, eager and with Liger Kernel; zerofit runs configs/dpo-lora.yaml (8B LoRA)
+# and the same without adapters (1B full DPO: its reference precomputed over data.max_tokens).
+dpo_stock() {  # out-subdir, timeout, stock_dpo.py args
+  local sub=$1 limit=$2; shift 2
+  if [ "$(left)" -lt "$limit" ]; then limit=$(left); fi
+  if [ "$limit" -lt 40 ]; then echo "skipped stock $sub: out of time"; return; fi
+  mkdir -p "$root/$sub"
+  timeout "$limit" python3 benchmarks/stock_dpo.py --pairs "$fix/pairs.jsonl" --out "$root/$sub" \
+    --warmup "$warmup" --steps "$steps" "$@" > "$root/$sub/log.txt" 2>&1 ||
+    { echo "stock $sub failed:"; tail -4 "$root/$sub/log.txt" | cut -c1-300; }
+  tail -1 "$root/$sub/log.txt" | cut -c1-600
+}
+dpo=configs/dpo-lora.yaml
+dpo_pairs="data.source=$fix/pairs.jsonl model.seq_len=2048"
+dpo_8b() {  # 8B LoRA DPO, 4 pairs x 2 per step, both stacks
+  dpo_stock 8b-dpo-trl 240 --model "$fix/model-8b" --lora 16 --micro 4 --accum 2 --gc
+  dpo_stock 8b-dpo-trl-liger 240 --model "$fix/model-8b" --lora 16 --micro 4 --accum 2 --gc --liger
+  # shellcheck disable=SC2086
+  zerofit 8b-dpo-zerofit 300 $dpo $m8 $dpo_pairs train.steps=100 train.epochs=null \
+    --variant "recipe, 2 pairs x 4: train.micro_batch_size=2 train.grad_accum_steps=4"
+}
+dpo_1b() {  # 1B full DPO; zerofit's reference precomputed over the first 2M tokens of pairs
+  dpo_stock 1b-dpo-trl 200 --model "$fix/model-1b" --micro 4 --accum 2
+  # shellcheck disable=SC2086
+  zerofit 1b-dpo-zerofit 300 $dpo $m1 $dpo_pairs model.lora.rank=0 optim.lr=5e-7 \
+    data.max_tokens=2000000 train.steps=100 train.epochs=null \
+    --variant "full, 2 pairs x 4: train.micro_batch_size=2 train.grad_accum_steps=4"
+}
 qlora_70b() {  # the whole card; fewer rows per step than the recipe (device time)
   zerofit 70b-qlora-zerofit 540 $qlora $m70 train.micro_batch_size=4 train.grad_accum_steps=1 \
     --variant "recipe defaults at 4 x 1: log.every=1000"
@@ -181,6 +210,8 @@ qlora-8b) qlora_8b ;;
 qlora-70b) qlora_70b ;;
 qlora-8b-splits) qlora_8b_splits ;;
 qlora-8b-host) qlora_8b_host ;;
+dpo-8b) dpo_8b ;;
+dpo-1b) dpo_1b ;;
 qlora-ac-probe) qlora_ac_probe ;;
 fast-lora) fast_lora ;;
 fast-1b) fast 1b $full $m1 ${STOCK_MB:-train.micro_batch_size=8 train.grad_accum_steps=2 parallel.activation_checkpointing=none} ;;
