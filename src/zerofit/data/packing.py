@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -87,10 +88,13 @@ class PackStats:
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
 
+    UNIT: ClassVar[str] = "samples"  # what `samples` counts, in the start line
+
     def line(self, packing: bool) -> str:
         how = "packed first-fit into" if packing else "one per sequence in"
-        out = f"{self.samples} samples ({self.tokens} tokens) {how} {self.rows} sequences, "
-        out += f"{self.fill:.1%} filled; truncated {self.truncated_samples} samples "
+        unit = self.UNIT
+        out = f"{self.samples} {unit} ({self.tokens} tokens) {how} {self.rows} sequences, "
+        out += f"{self.fill:.1%} filled; truncated {self.truncated_samples} {unit} "
         out += f"({self.truncated_tokens} tokens), dropped {self.dropped_samples} "
         out += f"({self.dropped_tokens} tokens)"
         if self.skipped_samples:

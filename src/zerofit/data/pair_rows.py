@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -44,14 +45,10 @@ class PairStats(PackStats):
     train_pairs: int = 0
     val_pairs: int = 0
 
+    UNIT: ClassVar[str] = "pairs"
+
     def line(self, packing: bool) -> str:
-        how = "packed first-fit into" if packing else "one per sequence in"
-        out = f"{self.samples} pairs ({self.tokens} tokens) {how} {self.rows} sequences, "
-        out += f"{self.fill:.1%} filled; truncated {self.truncated_samples} pairs "
-        out += f"({self.truncated_tokens} tokens), dropped {self.dropped_samples} "
-        out += f"({self.dropped_tokens} tokens)"
-        if self.skipped_samples:
-            out += f", skipped {self.skipped_samples} with no token to learn"
+        out = super().line(packing)
         if self.identical_pairs:
             out += f", {self.identical_pairs} with chosen = rejected (nothing to learn)"
         return out + f"; {self.train_pairs} train / {self.val_pairs} val pairs"
