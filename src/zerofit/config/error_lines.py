@@ -36,6 +36,9 @@ _BOUNDS = {
 }
 
 
+KEY_CHARS = 80  # an unknown key as an error line quotes it: room left for the valid keys
+
+
 def _closest(word: str, choices: list[str]) -> str | None:
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
     return close[0] if close else None
@@ -111,7 +114,7 @@ def error_line(err: dict[str, Any], data: dict[str, Any], schema: type) -> str:
         key = str(err["loc"][-1])
         dotted = f"{path}.{key}" if path else key
         return (
-            f"unknown config key {shown(dotted)}{suggest(key, names, f'{path}.' if path else '')}"
+            f"unknown config key {shown(dotted, limit=KEY_CHARS)}{suggest(key, names, f'{path}.' if path else '')}"
         )
     path, value, _ = _walk(err["loc"], data, schema)
     value = err.get("input", value)
