@@ -255,3 +255,18 @@ def test_the_planner_counts_the_reference_forward(
     plain = predict(m, replace(w, reference_forward=False), s, hw).compute
     want = plain * (1 + forward_share(m, w)) if forward else plain
     assert predict(m, w, s, hw).compute == pytest.approx(want)
+
+
+def test_plan_says_what_the_reference_costs(tmp_path: Path) -> None:
+    from zerofit.commands.plan import objective_lines
+    from zerofit.launch.run_config import load_config
+    from zerofit.planner.memory import workload_for
+
+    def lines(extra: dict) -> list[str]:
+        cfg = load_config(write_config(tmp_path / "c.yaml", extra), [])
+        return objective_lines(cfg, workload_for(cfg, 1))
+
+    dpo = {"data": {"format": "preference"}, "train": {"objective": "dpo"}}
+    assert "adapters off: one more forward" in lines(deep_update(dpo, LORA))[0]
+    assert "precomputed before the first step" in lines(dpo)[0]
+    assert lines({}) == []

@@ -14,7 +14,9 @@ from typing import NoReturn, TextIO
 import zerofit.commands.plan_args as plan_args
 import zerofit.commands.plan_measure as plan_measure
 import zerofit.commands.plan_write as plan_write
+from zerofit.backends.terms import Workload
 from zerofit.commands.plan_table import configured_lines, print_tables
+from zerofit.config import Config
 from zerofit.config.sizes import memory_fraction
 from zerofit.errors import UserError
 from zerofit.planner.adapters import lighter_lines, lighter_ways
@@ -100,6 +102,17 @@ def _hardware(
     return planned, found
 
 
+def objective_lines(base: Config, w: Workload) -> list[str]:
+    """What the objective adds to the forecasts above: DPO's reference."""
+    if base.train.objective != "dpo":
+        return []
+    if w.reference_forward:
+        return ["DPO: the reference is the base with the adapters off: one more forward a "
+                "micro-batch, without gradients (in the speeds above; no memory beyond a forward's)"]  # fmt: skip
+    return ["DPO: the reference log-probs are precomputed before the first step (one forward over "
+            "every pair; 8 bytes a pair, in the run folder): no step time or memory above"]  # fmt: skip
+
+
 def cmd_plan(args: argparse.Namespace, stdout: TextIO, overrides: list[str] | None = None) -> int:
     args = plan_args.numbers(args)
     measuring = plan_measure.settings(args)  # checked before anything runs
@@ -125,6 +138,7 @@ def cmd_plan(args: argparse.Namespace, stdout: TextIO, overrides: list[str] | No
         say = print_tables(shape, w, hw, options, args.all, fixed, refused, configured)
         total = len(options) + (configured.listed is None)
         lines = configured_lines(configured, suggested, w, total)
+        lines += objective_lines(base, w)
         if ways:
             lines.append("full fine-tuning fits nowhere here; the same run with adapters:")
             lines += [f"  {line}" for line in lighter_lines(ways)]
