@@ -270,3 +270,32 @@ def test_plan_says_what_the_reference_costs(tmp_path: Path) -> None:
     assert "adapters off: one more forward" in lines(deep_update(dpo, LORA))[0]
     assert "precomputed before the first step" in lines(dpo)[0]
     assert lines({}) == []
+
+
+def test_the_pairs_are_indexed_on_the_host() -> None:
+    """The objective indexes a batch's pairs from the host's copy (a `nonzero` or `unique` on the
+    GPU waits for it) and hands the index to the reference; sums from the index are those from
+    the pairs tensor."""
+    from zerofit.distributed.mesh import DistContext
+    from zerofit.train.objectives import Preference
+    from zerofit.train.preference import PairIndex, pair_index
+
+    gen = torch.Generator().manual_seed(1)
+    nll = torch.rand(2, 8, generator=gen)
+    pairs = torch.tensor([[0, 3, 3, -3, 0, 1, -1, 0], [-2, 2, 0, 5, -5, -5, 0, 0]])
+    for a, b in zip(pair_logps(nll, pair_index(pairs)), pair_logps(nll, pairs), strict=True):
+        torch.testing.assert_close(a, b)
+    seen = []
+
+    class Spy:
+        def logps(self, model, batch, index, split):  # noqa: ANN001, ANN201
+            seen.append(index)
+            return torch.zeros(index.ids.numel()), torch.zeros(index.ids.numel())
+
+    cfg = config_from_dict(deep_update(TINY, {"train": {"objective": "dpo"},
+                                              "data": {"format": "preference"}}))  # fmt: skip
+    objective = Preference(cfg, DistContext(0, 1, 0, torch.device("cpu"), 1, 1), Spy())
+    batch = (torch.arange(16).view(2, 8), torch.zeros(2, 8, dtype=torch.long),
+             torch.arange(8).repeat(2, 1), pairs)  # fmt: skip
+    objective.loss(_Scores(), batch)
+    assert isinstance(seen[0], PairIndex) and seen[0].ids.tolist() == [0, 1, 2, 4]

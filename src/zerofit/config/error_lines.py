@@ -113,9 +113,8 @@ def error_line(err: dict[str, Any], data: dict[str, Any], schema: type) -> str:
         path, _, names = _walk(err["loc"][:-1], data, schema)
         key = str(err["loc"][-1])
         dotted = f"{path}.{key}" if path else key
-        return (
-            f"unknown config key {shown(dotted, limit=KEY_CHARS)}{suggest(key, names, f'{path}.' if path else '')}"
-        )
+        hint = suggest(key, names, f"{path}." if path else "")
+        return f"unknown config key {shown(dotted, limit=KEY_CHARS)}{hint}"
     path, value, _ = _walk(err["loc"], data, schema)
     value = err.get("input", value)
     where = path or "config"

@@ -27,7 +27,14 @@ from zerofit.data import Batch, real_tokens
 from zerofit.distributed.mesh import DistContext
 from zerofit.models.loss import IGNORE_INDEX
 from zerofit.train.micro_batch import forward
-from zerofit.train.preference import METRICS, dpo_loss, dpo_metrics, metric_means, pair_logps
+from zerofit.train.preference import (
+    METRICS,
+    dpo_loss,
+    dpo_metrics,
+    metric_means,
+    pair_index,
+    pair_logps,
+)
 from zerofit.train.reference import Reference
 
 
@@ -96,10 +103,10 @@ class Preference:
         return _global_weights(self.ctx, counts, batches)
 
     def _pair_terms(self, model: nn.Module, batch: Batch, split: str) -> tuple[torch.Tensor, ...]:
+        index = pair_index(batch[3]).to(self.ctx.device)  # from the host's copy: no sync
         nll = forward(model, batch, self.ctx.device, per_token=True)
-        pairs = batch[3].to(self.ctx.device, non_blocking=True)
-        ids, chosen, rejected = pair_logps(nll, pairs)
-        ref_chosen, ref_rejected = self.reference.logps(model, batch, ids, split)
+        _, chosen, rejected = pair_logps(nll, index)
+        ref_chosen, ref_rejected = self.reference.logps(model, batch, index, split)
         d = self.cfg.train.dpo
         losses, r_chosen, r_rejected = dpo_loss(
             chosen, rejected, ref_chosen, ref_rejected, d.beta, d.label_smoothing

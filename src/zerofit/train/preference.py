@@ -13,6 +13,8 @@ so that sums over micro-batches and ranks (one all-reduce) give means over pairs
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -28,28 +30,50 @@ METRICS = (
 )
 
 
-def pair_logps(
-    token_nll: torch.Tensor, pairs: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token losses [B, T] and the pairs' places [B, T] (int64: ``g + 1`` chosen, ``-(g + 1)``
-    rejected, 0 none) -> (the pair ids ``g`` present, sorted, int64 [P]; each one's chosen
-    response's summed log-probability [P]; its rejected one's [P]), in the losses' dtype.
+@dataclass(frozen=True)
+class PairIndex:
+    """Where a batch's pairs are scored: the pair ids ``g`` present (sorted, [P]), the flat places
+    whose targets score one ([S]), and each place's slot ``2 x (its pair's rank in ids) + side``
+    (side 0 chosen, 1 rejected). Computed from the host's copy of the batch and moved with it, so
+    that summing on the GPU needs no device sync (a ``nonzero`` or ``unique`` there waits)."""
 
-    A pair's places may lie anywhere in the batch (any rows). A pair with only one side present
-    gets 0 for the other. Differentiable in ``token_nll``."""
-    if token_nll.shape != pairs.shape:
-        raise ValueError(
-            f"token_nll {tuple(token_nll.shape)} and pairs {tuple(pairs.shape)} differ"
+    ids: torch.Tensor
+    places: torch.Tensor
+    slots: torch.Tensor
+
+    def to(self, device: torch.device) -> PairIndex:
+        return PairIndex(
+            *(t.to(device, non_blocking=True) for t in (self.ids, self.places, self.slots))
         )
+
+
+def pair_index(pairs: torch.Tensor) -> PairIndex:
+    """The `PairIndex` of a pairs tensor [B, T] (int64: ``g + 1`` chosen, ``-(g + 1)`` rejected,
+    0 none). A pair's places may lie anywhere in the batch (any rows)."""
     flat = pairs.flatten()
     scored = (flat != 0).nonzero().squeeze(1)
     marks = flat[scored]
     ids, slot = torch.unique(marks.abs() - 1, sorted=True, return_inverse=True)
-    side = (marks < 0).long()  # 0: chosen, 1: rejected
-    nll = token_nll.flatten()[scored]
-    sums = nll.new_zeros(2 * ids.numel()).index_add(0, 2 * slot + side, nll)
+    return PairIndex(ids, scored, 2 * slot + (marks < 0).long())
+
+
+def pair_logps(
+    token_nll: torch.Tensor, pairs: torch.Tensor | PairIndex
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token losses [B, T] and the pairs' places (a pairs tensor [B, T], or its `PairIndex`)
+    -> (the pair ids ``g`` present, sorted, int64 [P]; each one's chosen response's summed
+    log-probability [P]; its rejected one's [P]), in the losses' dtype. A pair with only one side
+    present gets 0 for the other. Differentiable in ``token_nll``."""
+    if isinstance(pairs, torch.Tensor):
+        if token_nll.shape != pairs.shape:
+            raise ValueError(
+                f"token_nll {tuple(token_nll.shape)} and pairs {tuple(pairs.shape)} differ"
+            )
+        pairs = pair_index(pairs)
+    nll = token_nll.flatten()[pairs.places]
+    sums = nll.new_zeros(2 * pairs.ids.numel()).index_add(0, pairs.slots, nll)
     logps = -sums.view(-1, 2)
-    return ids, logps[:, 0], logps[:, 1]
+    return pairs.ids, logps[:, 0], logps[:, 1]
 
 
 def dpo_loss(

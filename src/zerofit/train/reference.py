@@ -28,7 +28,7 @@ from zerofit.distributed.mesh import DistContext
 from zerofit.errors import UserError
 from zerofit.models.lora import LoRALinear
 from zerofit.train.micro_batch import forward
-from zerofit.train.preference import pair_logps
+from zerofit.train.preference import PairIndex, pair_index, pair_logps
 
 FILE = "reference_logps.pt"
 SPLITS = ("train", "val")
@@ -48,10 +48,11 @@ def adapters_off(model: nn.Module) -> Iterator[None]:
 
 
 class Reference:
-    """The reference's (chosen, rejected) log-probabilities of the pairs `ids` of a micro-batch."""
+    """The reference's (chosen, rejected) log-probabilities of a micro-batch's pairs (`index`, on
+    the device: ``zerofit.train.preference.PairIndex``)."""
 
     def logps(
-        self, model: nn.Module, batch: Batch, ids: torch.Tensor, split: str
+        self, model: nn.Module, batch: Batch, index: PairIndex, split: str
     ) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
@@ -61,12 +62,11 @@ class AdaptersOff(Reference):
         self.device = device
 
     def logps(
-        self, model: nn.Module, batch: Batch, ids: torch.Tensor, split: str
+        self, model: nn.Module, batch: Batch, index: PairIndex, split: str
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad(), adapters_off(model):
             nll = forward(model, batch, self.device, per_token=True)
-        pairs = batch[3].to(self.device, non_blocking=True)
-        _, chosen, rejected = pair_logps(nll, pairs)  # the same pairs, in the same order
+        _, chosen, rejected = pair_logps(nll, index)
         return chosen, rejected
 
 
@@ -75,10 +75,10 @@ class Precomputed(Reference):
         self.tables = tables  # split -> [pairs, 2] (chosen, rejected), on the device
 
     def logps(
-        self, model: nn.Module, batch: Batch, ids: torch.Tensor, split: str
+        self, model: nn.Module, batch: Batch, index: PairIndex, split: str
     ) -> tuple[torch.Tensor, torch.Tensor]:
         table = self.tables[split]
-        return table[ids, 0], table[ids, 1]
+        return table[index.ids, 0], table[index.ids, 1]
 
 
 def pair_count(rows: np.ndarray) -> int:
@@ -109,7 +109,7 @@ def first_pass(
             nll = forward(model, batch if batch is not None else spare, ctx.device, per_token=True)
             if batch is None:
                 continue
-            ids, chosen, rejected = pair_logps(nll, batch[3].to(ctx.device))
+            ids, chosen, rejected = pair_logps(nll, pair_index(batch[3]).to(ctx.device))
             table[ids] += torch.stack([chosen, rejected], dim=1).double()
         tables[name] = ctx.all_reduce_sum(table).float()
     return tables
