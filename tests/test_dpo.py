@@ -299,3 +299,13 @@ def test_the_pairs_are_indexed_on_the_host() -> None:
              torch.arange(8).repeat(2, 1), pairs)  # fmt: skip
     objective.loss(_Scores(), batch)
     assert isinstance(seen[0], PairIndex) and seen[0].ids.tolist() == [0, 1, 2, 4]
+
+
+def test_the_progress_line_and_summary_show_the_preference_figures() -> None:
+    from zerofit.report.progress import format_record, summary_table
+
+    record = {"loss": 0.5, "dpo_accuracy": 0.75, "dpo_margin": 1.25}
+    assert "acc 0.75  margin 1.250" in format_record(record)
+    assert "acc" not in format_record({"loss": 0.5})
+    rows = summary_table({"step": 3, **record}).rows
+    assert ["DPO (last window)", "accuracy 0.75, reward margin 1.250"] in rows

@@ -17,6 +17,8 @@ def format_record(r: dict[str, Any]) -> str:
         parts.append(f"loss {r['loss']:.4f}")
     if "eval_loss" in r:
         parts.append(f"eval {r['eval_loss']:.4f}")
+    if "dpo_accuracy" in r:  # train.objective dpo: over the logging window's pairs
+        parts.append(f"acc {r['dpo_accuracy']:.2f}  margin {r['dpo_margin']:.3f}")
     if "tokens_per_s" in r:
         parts.append(f"{r['tokens_per_s']:,.0f} tok/s")
     if "mfu" in r:
@@ -96,6 +98,13 @@ def summary_table(summary: dict[str, Any]) -> TextTable:
         ),
         ("MFU", f"{100 * summary['mfu']:.1f}%" if "mfu" in summary else "- (no GPU peak known)"),
     ]
+    if "dpo_accuracy" in summary:  # the last logging window's pairs
+        rows.append(
+            (
+                "DPO (last window)",
+                f"accuracy {summary['dpo_accuracy']:.2f}, reward margin {summary['dpo_margin']:.3f}",
+            )
+        )
     if "mem_alloc_gib" in summary:
         rows.append(
             (
