@@ -95,6 +95,26 @@ def train_run(tmp: Path, name: str, extra: dict | None = None, *args: str) -> Pa
     return run_dir
 
 
+def fixture_run(
+    fixture: tuple[Path, dict], name: str, nproc: str, extra: dict, *args: str
+) -> tuple[Path, str]:
+    """Train ``fixture``'s base config (its folder, config beside TINY) + ``extra`` in
+    folder/name on ``nproc`` processes; assert success; return the run dir and the output.
+
+    Every run uses one CPU thread per process, so the kernels of one process and of two sum in the
+    same order (the launcher would give a lone process every core).
+    """
+    root, base = fixture
+    run_dir = root / name
+    cfg = deep_update(deep_update(base, extra), {"log": {"run_dir": str(run_dir)}})
+    proc = zerofit(
+        "train", "-c", str(write_config(root / f"{name}.yaml", cfg)), "--nproc", nproc, *args,
+        cwd=root, env={"OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{name}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return run_dir, proc.stdout
+
+
 def assert_resume_exact(tmp: Path, full: Path, extra: dict, nproc: int = 2) -> Path:
     """``full`` trained 10 steps of TINY + extra with a checkpoint at step 5 (a shared run, or one
     of the test's own); resume a copy of its step-5 checkpoint in tmp/cut, as if the run had died
@@ -208,6 +228,14 @@ def wait_all(futures: Iterable[Future]) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     POOL.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="session")
+def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny ChatML tokenizer folder (sft_helpers.make_tokenizer), shared by the data tests."""
+    from sft_helpers import make_tokenizer  # here: it imports transformers when called
+
+    return make_tokenizer(tmp_path_factory.mktemp("tok") / "chatml")
 
 
 @pytest.fixture(scope="session")

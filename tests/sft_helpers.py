@@ -57,10 +57,14 @@ def conversation(rng: random.Random) -> list[dict[str, str]]:
     return msgs
 
 
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
 def write_chat_jsonl(path: Path, n: int, seed: int = 0) -> Path:
     rng = random.Random(seed)
-    path.write_text("".join(json.dumps({"messages": conversation(rng)}) + "\n" for _ in range(n)))
-    return path
+    return write_jsonl(path, [{"messages": conversation(rng)} for _ in range(n)])
 
 
 def make_tokenizer(folder: Path, chat_template: str | None = CHATML) -> Path:

@@ -4,7 +4,6 @@ cannot be read, never a silent skip."""
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import TINY, deep_update, write_config
-from sft_helpers import conversation, make_tokenizer
+from sft_helpers import conversation, write_jsonl
 
 from zerofit.cli import main
 from zerofit.data import (
@@ -29,16 +28,6 @@ from zerofit.launch.run_config import config_from_dict
 from zerofit.train.inputs import sample_options
 
 TO_SHAREGPT = {"system": "system", "user": "human", "assistant": "gpt"}
-
-
-@pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tokenizer(tmp_path_factory.mktemp("tok") / "chatml")
-
-
-def _jsonl(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
 
 
 def _chats(n: int) -> list[list[dict]]:
@@ -88,8 +77,8 @@ def test_sharegpt_is_the_chat_it_holds(tmp_path: Path, tok_dir: Path) -> None:
     chats = _chats(12)
     systems = [i % 4 for i, c in enumerate(chats) if c[0]["role"] == "system"]
     assert 0 in systems and any(systems)  # a top-level system, and one in the turns
-    chat = _jsonl(tmp_path / "chat.jsonl", [{"messages": c} for c in chats])
-    share = _jsonl(tmp_path / "share.jsonl", [_as_sharegpt(c, i) for i, c in enumerate(chats)])
+    chat = write_jsonl(tmp_path / "chat.jsonl", [{"messages": c} for c in chats])
+    share = write_jsonl(tmp_path / "share.jsonl", [_as_sharegpt(c, i) for i, c in enumerate(chats)])
     want = _samples(chat, tok_dir, SampleOptions("chat"))
     got = _samples(share, tok_dir, SampleOptions("sharegpt"))
     _same(got, want)
@@ -112,7 +101,7 @@ def test_custom_field_and_role_names(tmp_path: Path, tok_dir: Path) -> None:
     dialog = [
         {"dialog": [{"speaker": names[m["role"]], "text": m["content"]} for m in c]} for c in chats
     ]
-    src = _jsonl(tmp_path / "custom.jsonl", dialog)
+    src = write_jsonl(tmp_path / "custom.jsonl", dialog)
     data = {
         "source": str(src),
         "tokenizer": str(tok_dir),
@@ -123,7 +112,7 @@ def test_custom_field_and_role_names(tmp_path: Path, tok_dir: Path) -> None:
         "sharegpt": {"conversations": "dialog", "from": "speaker", "value": "text"},
     }
     want = _samples(
-        _jsonl(tmp_path / "c.jsonl", [{"messages": c} for c in chats]),
+        write_jsonl(tmp_path / "c.jsonl", [{"messages": c} for c in chats]),
         tok_dir,
         SampleOptions("chat"),
     )
@@ -169,7 +158,7 @@ def test_unreadable_records_are_errors(
     tmp_path: Path, tok_dir: Path, record: dict, pattern: str
 ) -> None:
     good = _as_sharegpt(_chats(1)[0], 0)
-    src = _jsonl(tmp_path / "x.jsonl", [good, record, good])
+    src = write_jsonl(tmp_path / "x.jsonl", [good, record, good])
     with pytest.raises(UserError, match=pattern):
         _samples(src, tok_dir, SampleOptions("sharegpt"))
 
@@ -181,7 +170,7 @@ def test_mapped_role_the_template_refuses(tmp_path: Path, tok_dir: Path, capsys)
         {"from": "function", "value": "x"},
         {"from": "gpt", "value": "der"},
     ]
-    src = _jsonl(tmp_path / "f.jsonl", [{"conversations": turns}] * 3)
+    src = write_jsonl(tmp_path / "f.jsonl", [{"conversations": turns}] * 3)
     extra = {
         "data": {
             "source": str(src),
@@ -208,7 +197,7 @@ ALPACA = [
 
 
 def test_alpaca_with_a_chat_template_is_a_chat(tmp_path: Path, tok_dir: Path) -> None:
-    src = _jsonl(tmp_path / "a.jsonl", ALPACA)
+    src = write_jsonl(tmp_path / "a.jsonl", ALPACA)
     chats = [
         [
             {"role": "user", "content": "reverse red cat"},
@@ -222,7 +211,7 @@ def test_alpaca_with_a_chat_template_is_a_chat(tmp_path: Path, tok_dir: Path) ->
         [{"role": "user", "content": "say blue"}, {"role": "assistant", "content": "blue"}],
     ]
     want = _samples(
-        _jsonl(tmp_path / "c.jsonl", [{"messages": c} for c in chats]),
+        write_jsonl(tmp_path / "c.jsonl", [{"messages": c} for c in chats]),
         tok_dir,
         SampleOptions("chat"),
     )
@@ -232,7 +221,7 @@ def test_alpaca_with_a_chat_template_is_a_chat(tmp_path: Path, tok_dir: Path) ->
 
 
 def test_alpaca_without_a_chat_template_is_prompt_completion(tmp_path: Path) -> None:
-    src = _jsonl(tmp_path / "a.jsonl", ALPACA)
+    src = write_jsonl(tmp_path / "a.jsonl", ALPACA)
     tok = ByteTokenizer()
     opts = SampleOptions("alpaca")
     got = list(
@@ -251,7 +240,7 @@ def test_alpaca_without_a_chat_template_is_prompt_completion(tmp_path: Path) -> 
 
 def test_alpaca_field_names_and_missing_output(tmp_path: Path) -> None:
     renamed = [{"q": r["instruction"], "ctx": r.get("input"), "a": r["output"]} for r in ALPACA]
-    src = _jsonl(tmp_path / "r.jsonl", renamed)
+    src = write_jsonl(tmp_path / "r.jsonl", renamed)
     cfg = config_from_dict(
         {
             "data": {
@@ -268,7 +257,7 @@ def test_alpaca_field_names_and_missing_output(tmp_path: Path) -> None:
         )
     )
     assert bytes(got[1].ids[:-1].tolist()).decode() == "reverse\n\none two\n\ntwo one"
-    bad = _jsonl(tmp_path / "bad.jsonl", [ALPACA[0], {"instruction": "x", "answer": "y"}])
+    bad = write_jsonl(tmp_path / "bad.jsonl", [ALPACA[0], {"instruction": "x", "answer": "y"}])
     with pytest.raises(
         UserError, match=r"bad\.jsonl:2: no field 'output' .*set data\.columns\.output to"
     ):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from sft_helpers import CHAT, make_tokenizer, write_chat_jsonl
+from sft_helpers import CHAT, write_chat_jsonl
 
 from zerofit.cli import main
 from zerofit.data import (
@@ -28,11 +28,6 @@ HOSTILE = [
     {"role": "user", "content": "<script>alert(1)</script> héllo 日本"},
     {"role": "assistant", "content": "no <b>way</b> é"},
 ]
-
-
-@pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tokenizer(tmp_path_factory.mktemp("tok") / "chatml")
 
 
 def _chat_config(tmp: Path, tok_dir: Path, first: list[dict], n: int = 30, **data) -> Path:

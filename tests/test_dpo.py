@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import POOL, TINY, deep_update, losses, wait_all, write_config, zerofit
-from sft_helpers import WORDS, make_tokenizer
+from conftest import POOL, TINY, deep_update, fixture_run, losses, wait_all, write_config, zerofit
+from sft_helpers import WORDS, make_tokenizer, write_jsonl
 
 from zerofit.errors import UserError
 from zerofit.launch.run_config import config_from_dict
@@ -43,8 +43,7 @@ def write_pairs(path: Path, n: int, seed: int = 0) -> Path:
             "chosen": [{"role": "assistant", "content": " ".join(reversed(words))}],
             "rejected": [{"role": "assistant", "content": " ".join(other)}],
         })  # fmt: skip
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return path
+    return write_jsonl(path, lines)
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +62,7 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 
 
 def _train(pairs: tuple[Path, dict], name: str, nproc: str, extra: dict) -> Path:
-    root, base = pairs
-    run_dir = root / name
-    cfg = deep_update(deep_update(base, extra), {"log": {"run_dir": str(run_dir)}})
-    proc = zerofit(
-        "train", "-c", str(write_config(root / f"{name}.yaml", cfg)), "--nproc", nproc,
-        cwd=root, env={"OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
-    assert proc.returncode == 0, f"{name}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    return run_dir
+    return fixture_run(pairs, name, nproc, extra)[0]
 
 
 CASES = {
@@ -161,18 +152,12 @@ def test_step_loss_is_the_mean_over_the_global_batchs_pairs() -> None:
 
 def test_resume_repeats_the_run_exactly(pairs, runs) -> None:  # noqa: ANN001
     """A resumed DPO run reads the precomputed reference back and logs the same losses."""
-    root, base = pairs
     full = runs["full-fsdp"].result()
-    cut = root / "cut"
+    cut = pairs[0] / "cut"
     shutil.copytree(full / "checkpoints" / "step_00000005", cut / "checkpoints" / "step_00000005")
     shutil.copy(full / "config.yaml", cut / "config.yaml")
     shutil.copy(full / "reference_logps.pt", cut / "reference_logps.pt")
-    cfg = deep_update(deep_update(base, CASES["full-fsdp"][1]), {"log": {"run_dir": str(cut)}})
-    proc = zerofit(
-        "train", "-c", str(write_config(root / "cut.yaml", cfg)), "--nproc", "2", "--resume",
-        cwd=root, env={"OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    fixture_run(pairs, "cut", "2", CASES["full-fsdp"][1], "--resume")
     before, after = losses(full), losses(cut)
     assert sorted(after) == [6, 7, 8, 9, 10]
     assert all(after[s] == before[s] for s in after), {s: (before[s], after[s]) for s in after}

@@ -4,7 +4,6 @@ channel, the split by pair, overlong pairs, one-line errors, the loader's 4-tupl
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from sft_helpers import CHAT, make_tokenizer
+from sft_helpers import CHAT, write_jsonl
 
 from zerofit.cli import main
 from zerofit.data import (
@@ -44,16 +43,6 @@ USER, SYSTEM = CHAT[1], CHAT[0]
 GOOD, BAD = {"role": "assistant", "content": "cat red"}, {"role": "assistant", "content": "red"}
 
 
-@pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tokenizer(tmp_path_factory.mktemp("tok") / "chatml")
-
-
-def _jsonl(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
-
-
 def _pairs(path: Path, tok: str, opts: SampleOptions = PREF) -> list[Pair]:
     records = iter_sample_records(str(path))
     t = load_tokenizer(tok)
@@ -77,7 +66,7 @@ def _loss_text(tok_dir: Path, s: Sample) -> list[str]:
 
 
 def test_standard_record_is_plain_text_loss_on_the_response(tmp_path: Path, tok_dir: Path) -> None:
-    src = _jsonl(tmp_path / "p.jsonl", [{"prompt": "ab", "chosen": "cd", "rejected": "e"}])
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "ab", "chosen": "cd", "rejected": "e"}])
     (p,) = _pairs(src, "byte")
     assert p.chosen.ids.tolist() == [97, 98, 99, 100, 256] and p.chosen_prompt == 2
     assert p.chosen.mask.tolist() == [False, False, True, True, True]
@@ -85,8 +74,8 @@ def test_standard_record_is_plain_text_loss_on_the_response(tmp_path: Path, tok_
     assert p.rejected.mask.tolist() == [False, False, True, True]
     # a chat template changes nothing: plain text, as prompt_completion renders it
     rec = {"prompt": "red cat", "chosen": " dog", "rejected": " sun"}
-    (p,) = _pairs(src := _jsonl(tmp_path / "q.jsonl", [rec]), str(tok_dir))
-    pc = _jsonl(tmp_path / "pc.jsonl", [{"prompt": "red cat", "completion": " dog"}])
+    (p,) = _pairs(src := write_jsonl(tmp_path / "q.jsonl", [rec]), str(tok_dir))
+    pc = write_jsonl(tmp_path / "pc.jsonl", [{"prompt": "red cat", "completion": " dog"}])
     opts = SampleOptions("prompt_completion")
     records, tok = iter_sample_records(str(pc)), load_tokenizer(str(tok_dir))
     (s,) = render_samples(records, tok, opts.format, opts.fields(), "completion", str(tok_dir))
@@ -98,7 +87,7 @@ def test_standard_record_is_plain_text_loss_on_the_response(tmp_path: Path, tok_
 def test_conversational_record_learns_only_the_response(tmp_path: Path, tok_dir: Path) -> None:
     prompt = CHAT[:4]  # system, user, assistant (an earlier turn: no loss), user
     rec = {"prompt": prompt, "chosen": [GOOD], "rejected": [BAD]}
-    (p,) = _pairs(_jsonl(tmp_path / "c.jsonl", [rec]), str(tok_dir))
+    (p,) = _pairs(write_jsonl(tmp_path / "c.jsonl", [rec]), str(tok_dir))
     assert p.chosen.ids.tolist() == _template(tok_dir, [*prompt, GOOD])
     assert p.rejected.ids.tolist() == _template(tok_dir, [*prompt, BAD])
     assert _loss_text(tok_dir, p.chosen) == ["cat red<|im_end|>\n"]  # not "cat red" of turn 2
@@ -111,7 +100,7 @@ def test_conversational_record_learns_only_the_response(tmp_path: Path, tok_dir:
         {"prompt": USER["content"], "chosen": [GOOD], "rejected": [BAD]},
         {"prompt": [USER], "chosen": GOOD["content"], "rejected": BAD["content"]},
     ]
-    for q in _pairs(_jsonl(tmp_path / "m.jsonl", mixed), str(tok_dir)):
+    for q in _pairs(write_jsonl(tmp_path / "m.jsonl", mixed), str(tok_dir)):
         assert q.chosen.ids.tolist() == _template(tok_dir, [USER, GOOD])
         assert _loss_text(tok_dir, q.rejected) == ["red<|im_end|>\n"]
 
@@ -121,7 +110,7 @@ def test_implicit_prompt_is_the_common_prefix(tmp_path: Path, tok_dir: Path) -> 
     explicit = {"prompt": shared, "chosen": [GOOD], "rejected": [BAD]}
     implicit = {"chosen": [*shared, GOOD], "rejected": [*shared, BAD]}
     same = {"chosen": [*shared, GOOD], "rejected": [*shared, GOOD]}  # allowed, counted
-    a, b, c = _pairs(_jsonl(tmp_path / "h.jsonl", [explicit, implicit, same]), str(tok_dir))
+    a, b, c = _pairs(write_jsonl(tmp_path / "h.jsonl", [explicit, implicit, same]), str(tok_dir))
     for x, y in ((a.chosen, b.chosen), (a.rejected, b.rejected)):
         assert x.ids.tolist() == y.ids.tolist() and x.mask.tolist() == y.mask.tolist()
     assert (a.chosen_prompt, a.rejected_prompt) == (b.chosen_prompt, b.rejected_prompt)
@@ -138,7 +127,7 @@ def test_implicit_prompt_is_the_common_prefix(tmp_path: Path, tok_dir: Path) -> 
 def test_field_names_columns_and_roles(tmp_path: Path, tok_dir: Path) -> None:
     bot = {"speaker": "bot", "text": "cat red"}
     rec = {"q": [{"speaker": "user", "text": "red cat"}], "good": [bot], "bad": "x", "no": "y"}
-    src = _jsonl(tmp_path / "f.jsonl", [rec])
+    src = write_jsonl(tmp_path / "f.jsonl", [rec])
     opts = SampleOptions(
         "preference",
         prompt_field="q",
@@ -172,7 +161,7 @@ BAD_RECORDS = {
 def test_bad_record_is_one_line_naming_its_line(case: str, tmp_path: Path, tok_dir: Path) -> None:
     record, pattern = BAD_RECORDS[case]
     good = {"prompt": "a", "chosen": "b", "rejected": "c"}
-    src = _jsonl(tmp_path / "bad.jsonl", [good, record])
+    src = write_jsonl(tmp_path / "bad.jsonl", [good, record])
     with pytest.raises(UserError) as err:
         build_data(str(src), str(tok_dir), "text", 64, 0.0, None, samples=PREF)
     line = str(err.value)
@@ -181,13 +170,15 @@ def test_bad_record_is_one_line_naming_its_line(case: str, tmp_path: Path, tok_d
 
 
 def test_conversational_pair_without_a_template(tmp_path: Path) -> None:
-    src = _jsonl(tmp_path / "c.jsonl", [{"prompt": [USER], "chosen": [GOOD], "rejected": [BAD]}])
+    src = write_jsonl(
+        tmp_path / "c.jsonl", [{"prompt": [USER], "chosen": [GOOD], "rejected": [BAD]}]
+    )
     with pytest.raises(UserError, match=r"c\.jsonl:1: a conversational pair: .*chat template"):
         _pairs(src, "byte")
 
 
 def test_chat_format_on_preference_records_names_the_format(tmp_path: Path) -> None:
-    src = _jsonl(tmp_path / "c.jsonl", [{"prompt": "a", "chosen": "b", "rejected": "c"}])
+    src = write_jsonl(tmp_path / "c.jsonl", [{"prompt": "a", "chosen": "b", "rejected": "c"}])
     opts, records = SampleOptions("prompt_completion"), iter_sample_records(str(src))
     with pytest.raises(UserError, match=r"looks like data\.format=preference"):
         list(render_samples(records, ByteTokenizer(), opts.format, opts.fields(), "all", "byte"))
@@ -268,7 +259,7 @@ def _row_pairs(rows: np.ndarray) -> dict[int, tuple[str, str]]:
 
 
 def test_split_by_pair_with_ids_per_split(tmp_path: Path) -> None:
-    src = _jsonl(tmp_path / "p.jsonl", _records(40))
+    src = write_jsonl(tmp_path / "p.jsonl", _records(40))
     b = build_data(str(src), "byte", "text", 48, 0.25, None, seed=3, samples=PREF)
     assert b.paired and b.n_pairs == (30, 10) and b.train.shape[1:] == (4, 48)
     assert b.stats.train_pairs == 30 and "30 train / 10 val pairs" in b.report_line()
@@ -290,7 +281,7 @@ def test_split_by_pair_with_ids_per_split(tmp_path: Path) -> None:
 
 def test_ids_are_the_same_across_builds(tmp_path: Path) -> None:
     def build(name: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        src = _jsonl(tmp_path / name, _records(30))  # a new file: rendered again, not cached
+        src = write_jsonl(tmp_path / name, _records(30))  # a new file: rendered again, not cached
         b = build_data(str(src), "byte", "text", 48, 0.2, None, seed=seed, samples=PREF)
         return b.train, b.val
 
@@ -298,12 +289,12 @@ def test_ids_are_the_same_across_builds(tmp_path: Path) -> None:
     assert np.array_equal(a_train, b_train) and np.array_equal(a_val, b_val)
     c_val = build("c.jsonl", 2)[1]
     assert _row_pairs(a_val) != _row_pairs(c_val)  # the seed picks the held-out pairs
-    pairs = _pairs(_jsonl(tmp_path / "d.jsonl", _records(10)), "byte")
+    pairs = _pairs(write_jsonl(tmp_path / "d.jsonl", _records(10)), "byte")
     assert split_pairs(pairs, 0.2, seed=1) == split_pairs(pairs, 0.2, seed=1)
 
 
 def test_loader_and_eval_give_4_tuples(tmp_path: Path) -> None:
-    src = _jsonl(tmp_path / "p.jsonl", _records(60))
+    src = write_jsonl(tmp_path / "p.jsonl", _records(60))
     b = build_data(str(src), "byte", "text", 48, 0.1, None, samples=PREF)
     kw = {"micro_batch_size": 2, "grad_accum_steps": 2, "dp_rank": 0, "dp_size": 1, "seed": 4}
     loader = PackedLoader(b.train, shuffle=False, **kw)
@@ -321,10 +312,10 @@ def test_loader_and_eval_give_4_tuples(tmp_path: Path) -> None:
 
 
 def test_too_few_pairs_is_one_line(tmp_path: Path) -> None:
-    src = _jsonl(tmp_path / "p.jsonl", _records(1))
+    src = write_jsonl(tmp_path / "p.jsonl", _records(1))
     with pytest.raises(UserError, match=r"1 pair is too few to hold out 1 for validation"):
         build_data(str(src), "byte", "text", 48, 0.1, None, samples=PREF)
-    src = _jsonl(tmp_path / "q.jsonl", _records(10))  # one pair a row: 8 train, 2 val
+    src = write_jsonl(tmp_path / "q.jsonl", _records(10))  # one pair a row: 8 train, 2 val
     one_each = SampleOptions("preference", packing=False)
     build_data(str(src), "byte", "text", 48, 0.2, None, 0, one_each, GlobalBatch(8, 1, 1))
     with pytest.raises(UserError) as err:
@@ -339,7 +330,7 @@ def test_too_few_pairs_is_one_line(tmp_path: Path) -> None:
 
 
 def _config(tmp: Path, tok_dir: Path, records: list[dict]) -> Path:
-    src = _jsonl(tmp / "pairs.jsonl", records)
+    src = write_jsonl(tmp / "pairs.jsonl", records)
     cfg = {
         "model": {"preset": "tiny", "seq_len": 64},
         "data": {"format": "preference", "source": str(src), "tokenizer": str(tok_dir)},

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import POOL, TINY, deep_update, losses, wait_all, write_config, zerofit
+from conftest import POOL, TINY, deep_update, fixture_run, losses, wait_all
 from sft_helpers import make_tokenizer, write_chat_jsonl
 
 from zerofit.data import real_tokens
@@ -37,28 +37,6 @@ def chat(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return root, extra
 
 
-def _train(chat: tuple[Path, dict], name: str, nproc: str, extra: dict) -> tuple[Path, str]:
-    """One training run: its directory and its output.
-
-    Every run uses one CPU thread per process, so the kernels of one process and of two sum in the
-    same order (the launcher would give a lone process every core).
-    """
-    root, base = chat
-    run_dir = root / name
-    cfg = deep_update(deep_update(base, extra), {"log": {"run_dir": str(run_dir)}})
-    proc = zerofit(
-        "train",
-        "-c",
-        str(write_config(root / f"{name}.yaml", cfg)),
-        "--nproc",
-        nproc,
-        cwd=root,
-        env={"OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, f"{name}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    return run_dir, proc.stdout
-
-
 ENGINES = {
     "fsdp": {"parallel": {"backend": "fsdp"}},
     "zero3": {"parallel": {"backend": "deepspeed", "deepspeed": {"stage": 3}}},
@@ -72,7 +50,7 @@ def runs(chat: tuple[Path, dict]) -> Iterator[dict[str, Future[tuple[Path, str]]
     cases = {"fsdp": ("2", ENGINES["fsdp"]), "accum2": ("1", ACCUM2)}
     if importlib.util.find_spec("deepspeed") is not None:
         cases["zero3"] = ("2", ENGINES["zero3"])
-    out = {name: POOL.submit(_train, chat, name, *case) for name, case in cases.items()}
+    out = {name: POOL.submit(fixture_run, chat, name, *case) for name, case in cases.items()}
     yield out
     wait_all(out.values())
 

@@ -34,7 +34,7 @@ import numpy as np
 
 import zerofit.data.formats as formats
 from zerofit.config.limits import shown
-from zerofit.data.samples import ChatRenderer, Sample
+from zerofit.data.samples import ChatRenderer, Sample, until_tokens
 from zerofit.data.sources import Record
 from zerofit.data.tokenizers import AnyTokenizer
 from zerofit.errors import UserError
@@ -243,10 +243,6 @@ def render_pairs(
     """The records' pairs, until ``max_tokens`` tokens (both documents) have been read.
     ``fields``: ``formats.field_names("preference", ...)``."""
     make: Callable[[dict[str, Any], str], Pair] = PairRenderer(tok, fields, train_on, spec, roles)
-    total = 0
-    for obj, where in records:
-        pair = make(obj, where)
-        yield pair
-        total += pair.tokens
-        if max_tokens is not None and total >= max_tokens:
-            return
+    yield from until_tokens(
+        (make(obj, where) for obj, where in records), max_tokens, lambda p: p.tokens
+    )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -214,10 +214,22 @@ def render_samples(
 ) -> Iterator[Sample]:
     """The records' samples, until ``max_tokens`` tokens have been read."""
     make = sampler(tok, fmt, fields, train_on, spec, roles)
+    yield from until_tokens(
+        (make(obj, where) for obj, where in records), max_tokens, lambda s: len(s.ids)
+    )
+
+
+T = TypeVar("T")
+
+
+def until_tokens(
+    items: Iterable[T], max_tokens: int | None, size: Callable[[T], int]
+) -> Iterator[T]:
+    """`items` (samples, pairs) until ``max_tokens`` tokens (``size`` of each) have gone by, the
+    item that reaches it included."""
     total = 0
-    for obj, where in records:
-        s = make(obj, where)
-        yield s
-        total += len(s.ids)
+    for item in items:
+        yield item
+        total += size(item)
         if max_tokens is not None and total >= max_tokens:
             return

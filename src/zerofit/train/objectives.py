@@ -99,7 +99,7 @@ class Preference:
     def weights(self, batches: list[Batch]) -> tuple[list[torch.Tensor], Any]:
         """Micro-batch ``a``'s weight ``n_a * D / N`` for ``n_a`` its pairs: the update is that of
         the global batch's mean over pairs."""
-        counts = [int(torch.unique(b[3][b[3] > 0]).numel()) for b in batches]
+        counts = [pair_index(b[3]).ids.numel() for b in batches]  # as the loss indexes them
         return _global_weights(self.ctx, counts, batches)
 
     def _pair_terms(self, model: nn.Module, batch: Batch, split: str) -> tuple[torch.Tensor, ...]:
