@@ -11,4 +11,21 @@ pip=(.venv/bin/python -m pip install -q)
 "${pip[@]}" "${TORCH_SPEC:-torch==2.13.0}" setuptools wheel
 DS_BUILD_OPS=0 "${pip[@]}" --no-build-isolation "deepspeed>=0.16"
 "${pip[@]}" -e ".[dev]" "${TORCHAO_SPEC:-torchao==0.18.0}"
+# NVMe offload (parallel.deepspeed.offload_*: nvme) needs DeepSpeed's async_io op, built against
+# libaio's development files: installed with apt as root (ZEROFIT_NO_APT=1 skips it), the op then
+# JIT-compiled once (minutes; a log in .venv/async_io-build.log). Without them everything else
+# works, and setup says in one line what is missing.
+aio_missing() {
+    .venv/bin/python -c "from zerofit.backends.deepspeed.nvme import aio_missing as m; print(m() or '')" \
+        2>/dev/null || echo "an importable zerofit (.venv/bin/python -c 'import zerofit' says why)"
+}
+if [ -n "$(aio_missing)" ] && [ "$(id -u)" = 0 ] && [ -z "${ZEROFIT_NO_APT:-}" ] && command -v apt-get >/dev/null; then
+    { apt-get install -y -q libaio-dev || { apt-get update -q && apt-get install -y -q libaio-dev; }; } >/dev/null 2>&1 || true
+fi
+missing="$(aio_missing)"
+if [ -n "$missing" ]; then
+    echo "note: NVMe offload cannot run here: DeepSpeed's async_io op cannot build: $missing"
+elif ! .venv/bin/python -c "from deepspeed.ops.op_builder import AsyncIOBuilder; AsyncIOBuilder().load()" >.venv/async_io-build.log 2>&1; then
+    echo "note: NVMe offload cannot run here: DeepSpeed's async_io op did not build (see .venv/async_io-build.log)"
+fi
 echo "zerofit installed in $(pwd)/.venv"

@@ -98,3 +98,41 @@ def test_a_compiled_block_failing_under_ac_is_one_line_with_the_remedy() -> None
     assert compiled_ac_failure(load_config(None, both[:1]), error) is None  # no AC
     assert compiled_ac_failure(load_config(None, both[1:]), error) is None  # not compiled
     assert compiled_ac_failure(load_config(None, both), SystemError("other")) is None
+
+
+def _report(console) -> list[str]:  # noqa: ANN001
+    from zerofit.report.doctor import Finding, print_report
+
+    long = (
+        "rank 0 holds 100% of the parameters; " + "an FSDP2 run of 8 ranks should hold 12.5%. " * 4
+    )
+    findings = [Finding("sharding", "FAIL", long), Finding("speed", "ok", "[x] within 3%")]
+    assert print_report(findings, console) == 1
+    return console.file.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("width", [60, 100, 200])
+def test_the_doctor_report_fits_100_columns_on_a_terminal_and_wraps_under_the_message(
+    width: int,
+) -> None:
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=width, color_system=None)
+    lines = _report(console)
+    assert max(map(len, lines)) <= max(100, width)
+    assert lines[0].startswith(" FAIL sharding")
+    assert "[x] within 3%" in "\n".join(lines)  # a message is text, not markup
+    if width <= 100:  # wrapped lines start under the message, not under the status
+        assert lines[1].startswith(" " * 19) and len(lines) > 2
+
+
+def test_a_piped_doctor_report_is_one_whole_line_a_finding() -> None:
+    import io
+
+    from rich.console import Console
+
+    lines = _report(Console(file=io.StringIO()))
+    assert len(lines) == 2 and lines[0].startswith("FAIL  sharding") and len(lines[0]) > 160
+    assert lines[1].endswith("[x] within 3%")

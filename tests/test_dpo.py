@@ -65,10 +65,19 @@ def _train(pairs: tuple[Path, dict], name: str, nproc: str, extra: dict) -> Path
     return fixture_run(pairs, name, nproc, extra)[0]
 
 
+# Full DPO at a tenth of LoRA's rate: at 3e-3 one step saturates every pair's sigmoid, and AdamW
+# scales the near-zero gradients that follow up to full steps, summation noise included (the
+# engines then part at 1e-3 by step 3, precomputed or copy alike). A constant rate: the 5-step
+# runs take the 10-step runs' first 5 steps.
+FULL = {"optim": {"lr": 3e-4, "min_lr_ratio": 1.0}}
+COPY = deep_update(FULL, {"train": {"dpo": {"reference": "copy"}}})
+SHORT = deep_update(COPY, {"train": {"steps": 5, "eval_every": 5}})  # engine parity: 5 steps
 CASES = {
     "lora-ddp": ("2", deep_update(LORA, {"parallel": {"backend": "ddp"}})),
     "lora-fsdp": ("2", deep_update(LORA, {"parallel": {"backend": "fsdp"}})),
-    "full-fsdp": ("2", {"parallel": {"backend": "fsdp"}}),
+    "full-fsdp": ("2", deep_update(FULL, {"parallel": {"backend": "fsdp"}})),
+    "copy-fsdp": ("2", deep_update(COPY, {"parallel": {"backend": "fsdp"}})),
+    "copy-ddp": ("2", deep_update(SHORT, {"parallel": {"backend": "ddp"}})),
     "lora-accum": (
         "1", deep_update(LORA, {"parallel": {"backend": "ddp"}, "train": {"grad_accum_steps": 2}})
     ),
@@ -76,6 +85,8 @@ CASES = {
 if importlib.util.find_spec("deepspeed") is not None:
     CASES["lora-zero3"] = ("2", deep_update(LORA, {"parallel": {"backend": "deepspeed",
                                                                "deepspeed": {"stage": 3}}}))  # fmt: skip
+    CASES["copy-zero3"] = ("2", deep_update(SHORT, {"parallel": {"backend": "deepspeed",
+                                                                "deepspeed": {"stage": 3}}}))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +100,7 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(r) for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("name", ["lora-fsdp", "full-fsdp"])
+@pytest.mark.parametrize("name", ["lora-fsdp", "full-fsdp", "copy-fsdp"])
 def test_first_step_is_ln2_and_the_loss_falls(runs, name: str) -> None:  # noqa: ANN001
     """Step 1 runs the starting weights, which are the reference: every pair's margin is 0."""
     run_dir = runs[name].result()
@@ -112,6 +123,26 @@ def test_engines_and_accumulation_agree(runs) -> None:  # noqa: ANN001
         other = losses(runs[name].result())
         worst = max(abs(other[s] - base[s]) / abs(base[s]) for s in base)
         assert worst <= RTOL, (name, {s: (base[s], other[s]) for s in base})
+
+
+def test_the_reference_copy_agrees_across_engines_and_with_precomputed(runs) -> None:  # noqa: ANN001
+    """A frozen copy of the starting model (sharded by FSDP2 and ZeRO-3, replicated by DDP) gives
+    the losses of the precomputed reference, step by step and on the held-out pairs, and the
+    engines agree with it."""
+    copied = records(runs["copy-fsdp"].result())
+    precomputed = records(runs["full-fsdp"].result())
+    for key in ("loss", "eval_loss", "dpo_logp_chosen", "dpo_reward_chosen"):
+        a = {r["step"]: r[key] for r in copied if key in r}
+        b = {r["step"]: r[key] for r in precomputed if key in r}
+        assert a.keys() == b.keys() and a, key
+        scale = max(abs(v) for v in b.values())  # rewards start at 0: relative to the largest
+        assert all(abs(a[s] - b[s]) <= RTOL * scale for s in a), (key, a, b)
+    base = losses(runs["copy-fsdp"].result())
+    for name in [n for n in CASES if n.startswith("copy-") and n != "copy-fsdp"]:
+        other = losses(runs[name].result())
+        assert sorted(other) == [1, 2, 3, 4, 5], (name, other)
+        worst = max(abs(other[s] - base[s]) / abs(base[s]) for s in other)
+        assert worst <= RTOL, (name, {s: (base[s], other[s]) for s in other})
 
 
 class _Scores(torch.nn.Module):
@@ -150,14 +181,18 @@ def test_step_loss_is_the_mean_over_the_global_batchs_pairs() -> None:
     assert objective.record()["pairs"] == 4
 
 
-def test_resume_repeats_the_run_exactly(pairs, runs) -> None:  # noqa: ANN001
-    """A resumed DPO run reads the precomputed reference back and logs the same losses."""
-    full = runs["full-fsdp"].result()
-    cut = pairs[0] / "cut"
+@pytest.mark.parametrize("name", ["full-fsdp", "copy-fsdp"])
+def test_resume_repeats_the_run_exactly(pairs, runs, name: str) -> None:  # noqa: ANN001
+    """A resumed DPO run reads the precomputed reference back, or builds the frozen copy again
+    from the model's source (the starting weights, not the checkpoint's), and logs the same
+    losses."""
+    full = runs[name].result()
+    cut = pairs[0] / f"cut-{name}"
     shutil.copytree(full / "checkpoints" / "step_00000005", cut / "checkpoints" / "step_00000005")
     shutil.copy(full / "config.yaml", cut / "config.yaml")
-    shutil.copy(full / "reference_logps.pt", cut / "reference_logps.pt")
-    fixture_run(pairs, "cut", "2", CASES["full-fsdp"][1], "--resume")
+    if name == "full-fsdp":
+        shutil.copy(full / "reference_logps.pt", cut / "reference_logps.pt")
+    fixture_run(pairs, cut.name, "2", CASES[name][1], "--resume")
     before, after = losses(full), losses(cut)
     assert sorted(after) == [6, 7, 8, 9, 10]
     assert all(after[s] == before[s] for s in after), {s: (before[s], after[s]) for s in after}
@@ -201,6 +236,8 @@ def test_pair_sums_and_loss_by_hand() -> None:
         ({"data": {"format": "preference"}}, "holds pairs for train.objective: dpo"),
         ({"train": {"objective": "dpo", "dpo": {"reference": "adapters_off"}},
           "data": {"format": "preference"}}, "give model.lora.rank > 0"),
+        (deep_update(LORA, {"train": {"objective": "dpo", "dpo": {"reference": "copy"}},
+                            "data": {"format": "preference"}}), "for full fine-tuning"),
     ],
 )  # fmt: skip
 def test_objective_and_data_go_together(extra: dict, says: str) -> None:
@@ -213,7 +250,7 @@ def test_objective_and_data_go_together(extra: dict, says: str) -> None:
 @pytest.mark.parametrize(
     ("lora", "reference", "forward"),
     [(16, "auto", True), (16, "adapters_off", True), (16, "precomputed", False),
-     (0, "auto", False)],
+     (0, "auto", False), (0, "copy", True)],
 )  # fmt: skip
 def test_the_planner_counts_the_reference_forward(
     tmp_path: Path, lora: int, reference: str, forward: bool
@@ -254,6 +291,8 @@ def test_plan_says_what_the_reference_costs(tmp_path: Path) -> None:
     dpo = {"data": {"format": "preference"}, "train": {"objective": "dpo"}}
     assert "adapters off: one more forward" in lines(deep_update(dpo, LORA))[0]
     assert "precomputed before the first step" in lines(dpo)[0]
+    tiny_copy = lines(deep_update(dpo, COPY))[0]  # TINY: 1.84M parameters in fp32
+    assert "a frozen copy of the model (0.01 GiB" in tiny_copy and "one more forward" in tiny_copy
     assert lines({}) == []
 
 

@@ -1,6 +1,7 @@
 """DPO on a GPU (skipped without one): the recipe's path as CPU cannot run it, bf16 compute,
 compiled blocks, FlashAttention varlen on the packed pairs, the per-token head on CUDA, and
-QLoRA's 4-bit base with the adapters switched off for the reference."""
+QLoRA's 4-bit base with the adapters switched off for the reference, and full DPO's reference as
+precomputed log-probs or as a frozen copy (compiled, sharded by FSDP2)."""
 
 from __future__ import annotations
 
@@ -35,13 +36,17 @@ def _extra(tmp: Path, lora: dict) -> dict:
 
 
 @pytest.mark.parametrize(
-    "lora",
-    [{"rank": 8, "alpha": 16.0, "quantize": "nf4"}, {"rank": 0}],
-    ids=["qlora-adapters-off", "full-precomputed"],
-)
-def test_dpo_starts_at_ln2_and_learns_on_the_gpu(tmp_path: Path, lora: dict) -> None:
+    ("lora", "reference"),
+    [({"rank": 8, "alpha": 16.0, "quantize": "nf4"}, "auto"), ({"rank": 0}, "auto"),
+     ({"rank": 0}, "copy")],
+    ids=["qlora-adapters-off", "full-precomputed", "full-copy"],
+)  # fmt: skip
+def test_dpo_starts_at_ln2_and_learns_on_the_gpu(
+    tmp_path: Path, lora: dict, reference: str
+) -> None:
     pytest.importorskip("torchao")
-    run = train_run(tmp_path, "dpo", deep_update(_extra(tmp_path, lora), {}), "--nproc", "1")
+    extra = deep_update(_extra(tmp_path, lora), {"train": {"dpo": {"reference": reference}}})
+    run = train_run(tmp_path, "dpo", extra, "--nproc", "1")
     got = losses(run)
     # bf16, and the reference's compiled graph is not the policy's: ln 2 within bf16's rounding
     assert got[1] == pytest.approx(math.log(2), abs=2e-2), got

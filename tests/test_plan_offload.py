@@ -295,8 +295,10 @@ def test_copies_hide_under_compute_only_up_to_the_overlap() -> None:
 
 
 def test_with_offload_fewer_micro_batches_are_faster() -> None:
-    """A fixed global batch on one GPU: without offload every split computes the same; with
-    offload each micro-batch adds its copies, so the largest micro-batch is the fastest."""
+    """A fixed global batch on one GPU: without offload every split computes the same, until
+    micro-batches are so small that the host's launches and hooks (each micro-batch's) take
+    longer; with offload each micro-batch adds its copies, so the largest micro-batch is the
+    fastest."""
     splits = batch_splits(64, 1)
     for s in (OFFLOAD, Strategy.of("fsdp", cpu_offload=True)):
         times = [predict(M, Workload(mb, 2048, 1, acc), s, HW).step_time for mb, acc in splits]
@@ -304,7 +306,7 @@ def test_with_offload_fewer_micro_batches_are_faster() -> None:
         assert times[-1] > 3 * times[0], s.label
     plain = Strategy.of("deepspeed", stage=3)
     times = [predict(M, Workload(mb, 2048, 1, acc), plain, HW).step_time for mb, acc in splits]
-    assert max(times) == pytest.approx(min(times))
+    assert times[1] == pytest.approx(times[0]) and times == sorted(times)
 
 
 def test_fsdp_offload_holds_unsharded_gradients_between_syncs() -> None:

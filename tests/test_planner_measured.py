@@ -148,44 +148,43 @@ HELDOUT_GLOB = "2026-12-0?-planner-heldout*/**/*.json"
 # source (no constant fitted): every ZeRO-1/2 row within 3.3% (was up to 15.2%), and ZeRO-3's:
 # every memory row within 5%.
 HELDOUT_MISSES = {  # file under data/ -> strategy -> what missed (`python tests/<this file>`)
+    # With the host term (planner.speed.host_seconds, 2026-12-05), fitted on the 2026-12-04 file:
+    # the 2026-12-03 files (held out) go from a median |error| of 56% to 22%, still under: their
+    # first timed step recorded allocations, which slows the host (12-03 a is 1.24x 12-04 a).
     "2026-12-03-planner-heldout/a-measured.json": {
         "DDP": "step time -15.8%",
-        "FSDP full-shard + SAC": "step time -63.4%",
-        "FSDP grad-op + AC": "step time -43.9%",
-        "ZeRO-1": "step time -47.0%",
-        "ZeRO-2 + SAC": "step time -65.2%",
-        "ZeRO-3 + AC": "step time -45.6%",
+        "FSDP grad-op + AC": "step time -26.0%",
+        "ZeRO-1": "step time -22.4%",
+        "ZeRO-2 + SAC": "step time -28.7%",
+        "ZeRO-3 + AC": "step time -22.4%",
     },
     "2026-12-03-planner-heldout/b-measured.json": {
         "DDP": "step time -19.9%",
-        "FSDP full-shard + SAC": "step time -72.3%",
-        "FSDP grad-op + AC": "step time -41.4%",
-        "ZeRO-1": "step time -38.4%",
-        "ZeRO-2 + SAC": "step time -66.8%",
-        "ZeRO-3 + AC": "step time -44.6%",
+        "FSDP full-shard + SAC": "step time -27.0%",
+        "FSDP grad-op + AC": "step time -26.4%",
+        "ZeRO-1": "step time -11.3%",
+        "ZeRO-2 + SAC": "step time -35.3%",
+        "ZeRO-3 + AC": "step time -24.8%",
     },
     "2026-12-03-planner-heldout/c-measured.json": {
         "DDP": "step time -39.0%",
-        "FSDP full-shard + SAC": "step time -80.6%",
-        "FSDP grad-op + AC": "step time -63.5%",
-        "ZeRO-1": "step time -70.3%",
-        "ZeRO-2 + SAC": "step time -75.3%",
-        "ZeRO-3 + AC": "step time -66.8%",
+        "FSDP full-shard + SAC": "step time -18.4%",
+        "FSDP grad-op + AC": "step time -26.9%",
+        "ZeRO-1": "step time -44.7%",
+        "ZeRO-2 + SAC": "step time -22.4%",
+        "ZeRO-3 + AC": "step time -27.6%",
     },
     "2026-12-03-planner-heldout/d-measured.json": {
         "DDP": "step time -21.5%",
-        "FSDP full-shard + SAC": "step time -76.6%",
-        "FSDP grad-op + AC": "step time -56.3%",
-        "ZeRO-1": "step time -55.8%",
-        "ZeRO-2 + SAC": "step time -79.6%",
-        "ZeRO-3 + AC": "step time -67.6%",
+        "FSDP grad-op + AC": "step time -16.9%",
+        "ZeRO-1": "step time -21.8%",
+        "ZeRO-2 + SAC": "step time -39.2%",
+        "ZeRO-3 + AC": "step time -32.9%",
     },
+    # the fit set itself: the two rows the fit leaves outside 10%
     "2026-12-04-planner-heldout/a-measured.json": {
-        "FSDP full-shard + SAC": "step time -69.5%",
-        "FSDP grad-op + AC": "step time -21.1%",
-        "ZeRO-1": "step time -37.6%",
-        "ZeRO-2 + SAC": "step time -47.8%",
-        "ZeRO-3 + AC": "step time -22.8%",
+        "FSDP full-shard + SAC": "step time -15.3%",
+        "ZeRO-3 + AC": "step time +10.2%",
     },
 }
 HELDOUT_MEMORY = plan_measure.MEMORY_BOUND  # 5%, as `--measure` counts its hits

@@ -62,6 +62,15 @@ class Backend(ABC):
         """Wrap/shard `spec.module` (parameters on meta), materialize it on this rank, build AdamW."""
 
     @abstractmethod
+    def wrap_frozen(self, spec: ModelSpec, init_seed: int) -> nn.Module:
+        """A frozen copy of the model the run starts from, for DPO's reference: `spec.module` a
+        fresh, unwrapped module (parameters on meta: a copy taken before `setup`), filled as
+        `setup` fills the policy (the name-seeded init or the weights on disk, never a checkpoint)
+        and sharded the way the policy is, stored in the compute dtype, without gradients or an
+        optimizer. Called after `setup`; it runs forward only, under no_grad, inside
+        `micro_step`."""
+
+    @abstractmethod
     def micro_step(self, is_last: bool) -> AbstractContextManager[None]:
         """Context around one micro-batch's forward+backward; gradients sync only when is_last."""
 

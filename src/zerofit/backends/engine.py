@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from zerofit.backends.terms import EngineMemory, OffloadTime, Traffic, Workload
+from zerofit.backends.terms import EngineMemory, HostCalls, OffloadTime, Traffic, Workload
 
 if TYPE_CHECKING:
     from zerofit.backends.base import Backend
@@ -23,6 +24,14 @@ if TYPE_CHECKING:
     from zerofit.planner.shape import Hardware
 
 OptionsT = TypeVar("OptionsT")  # an engine's options: its `parallel.<name>` dataclass
+
+
+@dataclass
+class LaunchCheck:
+    """What an engine says about a resolved config before any worker starts (`launch_check`)."""
+
+    notes: list[str] = field(default_factory=list)  # one line each, printed as `note: ...`
+    files: dict[str, str] = field(default_factory=dict)  # name -> text, kept in the run folder
 
 
 class Engine(Generic[OptionsT]):
@@ -42,6 +51,8 @@ class Engine(Generic[OptionsT]):
     # Under full activation checkpointing, each block's saved input is fp32 (autocast keeps the
     # master-dtype residual stream) rather than the compute dtype.
     fp32_checkpoints: ClassVar[bool] = False
+    # The config key of the directory this engine offloads to NVMe in, if it can.
+    nvme_dir_key: ClassVar[str | None] = None
     # The command that prints the file this engine's library runs from (`render_file`), if any.
     file_command: ClassVar[str | None] = None
     file_help: ClassVar[str] = ""
@@ -65,8 +76,22 @@ class Engine(Generic[OptionsT]):
         `cfg.precision` is already resolved."""
         return cfg
 
+    def launch_check(self, cfg: Config, world_size: int) -> LaunchCheck:
+        """Check the files this engine's library will run from, for a resolved config, before
+        any worker starts (UserError: one line); the notes to print once the run has passed
+        every check, and the files to keep in the run folder."""
+        return LaunchCheck()
+
     def check_world(self, opts: OptionsT, world_size: int) -> None:
         """Refuse a world size this engine's options cannot use."""
+
+    def check_machine(
+        self, cfg: Config, planned: Callable[[], EngineMemory], local_ranks: int
+    ) -> None:
+        """Refuse (UserError, one line), in the launcher before any rank starts, what this
+        machine lacks for a resolved config: an op of the engine's library that cannot build, a
+        directory it writes to that cannot take the run. `planned()`: the planner's bytes per
+        rank (`memory` at the run's workload); `local_ranks`: the ranks on this node."""
 
     def replicas(self, opts: OptionsT) -> int:
         """Replicas on the outer dim of the device mesh (hybrid sharding), else 1."""
@@ -127,6 +152,11 @@ class Engine(Generic[OptionsT]):
         """Host-side optimizer and PCIe/NVMe time: per micro-batch and per optimizer step (none
         without offload)."""
         return OffloadTime()
+
+    def host_calls(self, m: ModelShape, w: Workload, opts: OptionsT) -> HostCalls:
+        """Python hook calls per micro-batch and per optimizer step (`HostCalls`); none where
+        the engine's hooks run in C++ (DDP's reducer)."""
+        return HostCalls()
 
     # ------------------------------------------------------------------ doctor
 

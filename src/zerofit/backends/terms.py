@@ -60,9 +60,13 @@ class Workload:
     lora: Adapters | None = None  # LoRA: what trains instead of the whole model
     fp8: str = "none"  # precision.fp8: none | tensorwise | rowwise (block Linear layers in float8)
     fused_optim: bool = True  # optim.fused not false: a host-resident AdamW steps fused
-    # DPO with the adapters-off reference: one more forward per micro-batch, without gradients
-    # (nothing kept for backward, so no memory beyond a training forward's)
+    # DPO with the adapters-off reference or a frozen copy: one more forward per micro-batch,
+    # without gradients, before the policy's (nothing kept for backward)
     reference_forward: bool = False
+    # DPO's frozen copy of the model (train.dpo.reference: copy): its weights in the compute
+    # dtype, sharded like the policy's (`Engine.memory` counts them), and its forward's transient
+    # working memory (`zerofit.planner.memory.estimate`); only without LoRA
+    reference_copy: bool = False
 
     def trained(self, params: int) -> int:
         """Parameters that train, of a base of ``params``: all, or with LoRA the adapters."""
@@ -82,6 +86,14 @@ class Workload:
         or float8), but QLoRA's NF4 weights as they are stored."""
         q = self.lora.block_quantized if self.lora else 0
         return block_params * self.e_g - q * (self.e_g - NF4_BYTES)
+
+    def copy_bytes(self, params: int, shards: int = 1, autocast_kept: int = 0) -> float:
+        """DPO's frozen reference copy (``reference_copy``), per rank: ``params`` weights in the
+        compute dtype over ``shards`` ranks; ``autocast_kept`` of them (DDP: embeddings and
+        norms, which autocast does not cast) in the master dtype. 0 without the copy."""
+        if not self.reference_copy:
+            return 0.0
+        return (params * self.e_c + autocast_kept * (self.e_m - self.e_c)) / shards
 
     @property
     def dequantized_bytes(self) -> float:
@@ -137,6 +149,9 @@ class EngineMemory:
     buffers_at_end: bool = True
     backward: tuple[tuple[float, float], ...] = ()
     step_buffers: float = 0.0
+    # DPO's reference forward (before the policy's): the engine's working bytes for it (a
+    # frozen copy's gathered units; without a copy the policy's own `buffers`)
+    reference_buffers: float | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -149,6 +164,8 @@ class OffloadTime:
 
     micro_batch: float = 0.0
     step: float = 0.0
+    disk_read: float = 0.0  # bytes a rank reads from NVMe per optimizer step (micro-batches too)
+    disk_write: float = 0.0  # bytes a rank writes to NVMe per optimizer step
 
 
 @dataclass(frozen=True)
@@ -161,3 +178,32 @@ class Traffic:
     @property
     def per_rank(self) -> float:
         return self.volume * (self.group - 1) / self.group if self.group > 1 else 0.0
+
+
+# A Llama decoder block's parameter tensors, each in a module of its own: q, k, v, o, the three
+# SwiGLU matrices and the two norms (LoRA adds each adapted layer's A and B)
+BLOCK_LAYERS = 9
+
+
+@dataclass(frozen=True)
+class HostCalls:
+    """Python hook calls one rank's engine makes (see `zerofit.planner.speed.host_seconds`), by
+    how often: `micro_batch`, in every forward and backward (FSDP2's unit hooks, DeepSpeed's
+    module and gradient hooks), which the GPU's work hides while it is the longer; `step`, once
+    per optimizer step after backward, which nothing hides."""
+
+    micro_batch: float = 0.0
+    step: float = 0.0
+
+
+def block_tensors(w: Workload) -> int:
+    """Parameter tensors (each in its own module) of one decoder block, adapters included."""
+    return BLOCK_LAYERS + (2 * w.lora.per_block if w.lora else 0)
+
+
+def trained_tensors(n_layers: int, root: int, w: Workload) -> int:
+    """Parameter tensors that train: every block's and the `root` ones (embedding, final norm,
+    output layer), or with LoRA the adapters' A and B."""
+    if w.lora:
+        return 2 * w.lora.per_block * n_layers
+    return n_layers * BLOCK_LAYERS + root

@@ -43,6 +43,22 @@ def cast_frozen_(model: nn.Module, dtype: torch.dtype) -> None:
             p.data = p.data.to(want)
 
 
+def frozen_(module: nn.Module, dtype: torch.dtype, linears_only: bool = False) -> nn.Module:
+    """``module`` frozen for DPO's reference copy (``Backend.wrap_frozen``): no parameter takes a
+    gradient, and each is stored in ``dtype``, the dtype it is computed in; ``linears_only``
+    (autocast): only the Linear layers' weights, which autocast casts to ``dtype`` anyway, the
+    rest (embeddings, norms: autocast leaves them as they are) kept as they are. In place, on
+    meta: a dtype change only."""
+    module.requires_grad_(False)
+    if not linears_only:
+        return module.to(dtype)
+    embedded = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
+    for m in module.modules():
+        if isinstance(m, nn.Linear) and id(m.weight) not in embedded:  # a tied head: a lookup too
+            m.weight.data = m.weight.data.to(dtype)
+    return module
+
+
 def trainable(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 

@@ -131,6 +131,11 @@ def measure(summary: dict[str, Any], warmup: int, count: int | None = None) -> d
         raise ValueError("no measured steps")
     median = statistics.median(times)
     tps = summary["tokens_per_step"] / median
+    repeated = summary.get("step_repeated_tokens", [])[warmup:end]
+    if len(repeated) == len(times):  # DPO: each pair's prompt counts once
+        tps = statistics.median(
+            (summary["tokens_per_step"] - n) / t for n, t in zip(repeated, times, strict=True)
+        )
     extra = {
         k: summary[k]
         for k in ("mem_alloc_gib", "mem_reserved_gib", "alloc_retries", "host_rss_gib")

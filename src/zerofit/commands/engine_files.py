@@ -2,12 +2,14 @@
 
 An engine whose library reads its own config file names a command for it (`Engine.file_command`,
 e.g. DeepSpeed's `ds-config`, which prints its JSON). Every such command loads a config, sets
-`parallel.backend` to the engine, resolves it for this machine, and prints the engine's file.
+`parallel.backend` to the engine, resolves it for this machine, checks the file as a launch would
+(`Engine.launch_check`: its notes go to stderr), and prints the engine's file.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from functools import partial
 
 from zerofit.backends import engines
@@ -44,5 +46,7 @@ def run(engine: Engine, args: argparse.Namespace, overrides: list[str]) -> int:
         gpus = visible_gpus()
         world = (args.nproc or gpus or 2) * args.nnodes
         cfg = resolve(cfg, world, "cuda" if gpus else "cpu")
+        for line in engine.launch_check(cfg, world).notes:  # checked as `train` checks it
+            print(f"note: {line}", file=sys.stderr)
         print(engine.render_file(cfg, world), file=stdout)
     return 0

@@ -14,11 +14,14 @@ from typing import NoReturn, TextIO
 import zerofit.commands.plan_args as plan_args
 import zerofit.commands.plan_measure as plan_measure
 import zerofit.commands.plan_write as plan_write
-from zerofit.backends.terms import Workload
+import zerofit.planner.disk as disk
+from zerofit.backends import engines
+from zerofit.backends.terms import GIB, Workload
 from zerofit.commands.plan_table import configured_lines, print_tables
 from zerofit.config import Config
 from zerofit.config.sizes import memory_fraction
 from zerofit.errors import UserError
+from zerofit.models.shape import ModelShape, shape_from_config
 from zerofit.planner.adapters import lighter_lines, lighter_ways
 from zerofit.planner.configured import as_configured, suggestions
 from zerofit.planner.plan import batch_splits, left_out, plan, recommend
@@ -102,10 +105,27 @@ def _hardware(
     return planned, found
 
 
-def objective_lines(base: Config, w: Workload) -> list[str]:
-    """What the objective adds to the forecasts above: DPO's reference."""
+def _probe_dir(given: str | None, base: Config) -> str | None:
+    """`--nvme-probe [DIR]`: DIR, or the config's NVMe directory; None when not asked."""
+    if given is None or given:
+        return given
+    found = disk.nvme_dir(base)
+    if found is None:
+        keys = " or ".join(k for e in engines().values() if (k := e.nvme_dir_key))
+        raise UserError(f"--nvme-probe: give a directory, or set {keys} in the config")
+    return found
+
+
+def objective_lines(base: Config, w: Workload, m: ModelShape | None = None) -> list[str]:
+    """What the objective adds to the forecasts above: DPO's reference (`m`: the model's shape,
+    for the size of a frozen copy; read from `base` when not given)."""
     if base.train.objective != "dpo":
         return []
+    if w.reference_copy:
+        size = (m or shape_from_config(base)).num_params * w.e_c / GIB
+        return [f"DPO: the reference is a frozen copy of the model ({size:.2f} GiB of weights in "
+                "the compute dtype, sharded as each engine shards the policy's): in the memory "
+                "above, and one more forward a micro-batch, without gradients, in the speeds"]  # fmt: skip
     if w.reference_forward:
         return ["DPO: the reference is the base with the adapters off: one more forward a "
                 "micro-batch, without gradients (in the speeds above; no memory beyond a forward's)"]  # fmt: skip
@@ -118,6 +138,7 @@ def cmd_plan(args: argparse.Namespace, stdout: TextIO, overrides: list[str] | No
     measuring = plan_measure.settings(args)  # checked before anything runs
     shape, base = plan_args.model_and_base(args, overrides or [])
     hw, found = _hardware(args, base.train.gpu_memory_limit)
+    hw = disk.with_disk(hw, args.nvme_bw, _probe_dir(args.nvme_probe, base))
     w = plan_args.workload(args, base, hw, shape)
     fixed = args.global_batch or base.train.global_batch_size
     splits = None
@@ -129,8 +150,11 @@ def cmd_plan(args: argparse.Namespace, stdout: TextIO, overrides: list[str] | No
     configured = as_configured(shape, w, hw, base, options, splits)
     suggested = suggestions(shape, w, hw, base, configured)
     ways = lighter_ways(shape, w, hw, base) if best is None else []
+    shown = [o for o in (best, configured.option) if o is not None]
+    nvme_lines, nvme_data = disk.report(shape, w, hw, base, splits, shown)
     if args.json:
         data = to_json(shape, w, hw, options, fixed, refused, configured, suggested)
+        data["nvme"] = nvme_data
         data["with_adapters"] = [{"way": x.name, "overrides": x.overrides, "fits": x.fits,
                                   **option_json(x.best, w)} for x in ways]  # fmt: skip
         print(json.dumps(data, indent=1), file=stdout)
@@ -138,7 +162,8 @@ def cmd_plan(args: argparse.Namespace, stdout: TextIO, overrides: list[str] | No
         say = print_tables(shape, w, hw, options, args.all, fixed, refused, configured)
         total = len(options) + (configured.listed is None)
         lines = configured_lines(configured, suggested, w, total)
-        lines += objective_lines(base, w)
+        lines += objective_lines(base, w, shape)
+        lines += nvme_lines
         if ways:
             lines.append("full fine-tuning fits nowhere here; the same run with adapters:")
             lines += [f"  {line}" for line in lighter_lines(ways)]

@@ -67,8 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="X",
         help="dense bf16 peak per GPU (default: --gpu's, else detected)",
     )
-    p.add_argument("--cpu-mem", help="host RAM per node, e.g. 512GiB (default: this machine's)")
-    p.add_argument("--nvme", help="NVMe space per node, e.g. 2TB")
+    add_host_arguments(p)
     p.add_argument("--nodes", metavar="N", default="1")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument(
@@ -87,6 +86,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all", action="store_true", help="list every strategy (default: the 12 best)")
 
 
+def add_host_arguments(p: argparse.ArgumentParser) -> None:
+    """The node beside its GPUs: host RAM, and the NVMe disk for offload."""
+    p.add_argument("--cpu-mem", help="host RAM per node, e.g. 512GiB (default: this machine's)")
+    p.add_argument("--nvme", help="NVMe space per node, e.g. 2TB")
+    p.add_argument(
+        "--nvme-bw",
+        metavar="READ[,WRITE]",
+        help="the NVMe disk's bandwidth per node in GB/s, read and write (one figure: both); "
+        "default: 3 assumed, or --nvme-probe's",
+    )
+    p.add_argument(
+        "--nvme-probe",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="time 256 MiB written and read back with O_DIRECT in DIR (default: the config's "
+        "NVMe offload directory) for the disk's bandwidth and free space",
+    )
+
+
 def size(flag: str, text: str | None, positive: bool = False) -> int | None:
     if text is None:
         return None
@@ -99,6 +118,18 @@ def size(flag: str, text: str | None, positive: bool = False) -> int | None:
     return value
 
 
+def disk_bandwidth(text: str | None) -> tuple[float, float] | None:
+    """`--nvme-bw READ[,WRITE]` in GB/s (one figure: both), each a finite number > 0."""
+    if text is None:
+        return None
+    parts = text.split(",")
+    if len(parts) > 2:
+        raise UserError(f"--nvme-bw takes READ or READ,WRITE in GB/s, got {shown(text)}")
+    read = parse_positive("--nvme-bw", parts[0])
+    write = parse_positive("--nvme-bw", parts[-1])
+    return (read or 0.0, write or 0.0)
+
+
 def numbers(args: argparse.Namespace) -> argparse.Namespace:
     """Every numeric flag read and checked (UserError naming the flag); the rest as given."""
     out = argparse.Namespace(**vars(args))
@@ -108,6 +139,7 @@ def numbers(args: argparse.Namespace) -> argparse.Namespace:
     out.gpu_mem = size("--gpu-mem", args.gpu_mem, positive=True)
     out.cpu_mem = size("--cpu-mem", args.cpu_mem)
     out.nvme = size("--nvme", args.nvme)
+    out.nvme_bw = disk_bandwidth(args.nvme_bw)
     out.peak_tflops = parse_positive("--peak-tflops", args.peak_tflops)
     out.gpu = find_gpu(args.gpu) if args.gpu is not None else None
     if out.dim and out.heads and out.dim % out.heads:

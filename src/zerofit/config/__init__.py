@@ -267,7 +267,7 @@ def validate(cfg: Config) -> None:
 
 def _check_objective(cfg: Config) -> None:
     """Preference pairs and the DPO objective go together; the reference without extra weights
-    needs adapters to switch off."""
+    needs adapters to switch off, and a frozen copy of the model is for full fine-tuning."""
     dpo, pairs = cfg.train.objective == "dpo", cfg.data.format == "preference"
     if dpo and not pairs:
         raise UserError(
@@ -283,6 +283,12 @@ def _check_objective(cfg: Config) -> None:
         raise UserError(
             "train.dpo.reference=adapters_off takes the base without LoRA's adapters as the "
             "reference: give model.lora.rank > 0, or train.dpo.reference: precomputed"
+        )
+    if cfg.train.dpo.reference == "copy" and cfg.model.lora.rank > 0:
+        raise UserError(
+            "train.dpo.reference=copy keeps a second, frozen copy of the whole model, for full "
+            "fine-tuning; with model.lora the reference is the base with the adapters off, at no "
+            "extra memory: train.dpo.reference: adapters_off (or auto)"
         )
 
 

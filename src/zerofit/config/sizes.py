@@ -48,6 +48,15 @@ def gib(size: float) -> str:
     return f"{size / 2**30:,.1f} GiB"
 
 
+def human_bytes(size: float) -> str:
+    """Bytes in binary units for a message: '812 B', '3.0 MiB', '1.25 TiB'."""
+    for power, unit in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if size >= 1024**power:
+            value = size / 1024**power
+            return f"{value:,.2f} {unit}" if value < 10 else f"{value:,.1f} {unit}"
+    return f"{size:,.0f} B"
+
+
 def memory_fraction(limit: int, total: int, card: str = "this GPU") -> float:
     """The share of a card's memory that `train.gpu_memory_limit` leaves to the caching allocator
     (torch.cuda.set_per_process_memory_fraction); UserError when the limit is above the card."""

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from zerofit import checkpoint as ckpt
+from zerofit.backends import engine_of
+from zerofit.backends.terms import EngineMemory
 from zerofit.checkpoint import compat
 from zerofit.config import Config, explicit_keys, save_config
 from zerofit.config.limits import shown
@@ -25,6 +27,8 @@ from zerofit.launch import run_lock
 from zerofit.launch.options import LaunchOptions, PreparedRun
 from zerofit.launch.requirements import check_installed
 from zerofit.launch.resolve import resolve
+from zerofit.models.shape import shape_from_config
+from zerofit.planner.memory import workload_for
 from zerofit.report.metrics import truncate_metrics
 from zerofit.train.inputs import build_inputs, checkpoint_meta, make_loader, resolve_steps
 
@@ -46,6 +50,25 @@ def check_nproc(nproc: int) -> None:
         raise UserError(f"--nproc must be >= 1, got {nproc}")
     if torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise UserError(f"--nproc {nproc} but only {torch.cuda.device_count()} GPU(s) are visible")
+
+
+def local_ranks(opts: LaunchOptions, world_size: int) -> int:
+    """The ranks on this node: torchrun's LOCAL_WORLD_SIZE under an external launcher, else an
+    even share of the world over the nodes."""
+    given = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(given) if given.isdigit() and int(given) > 0 else world_size // max(1, opts.nnodes)
+
+
+def check_machine(cfg: Config, world_size: int, ranks_here: int) -> None:
+    """What this node must offer the resolved config (the engine's `check_machine`: NVMe
+    offload's op and directory, sized by the planner's bytes per rank), before any rank starts."""
+    engine = engine_of(cfg)
+
+    def planned() -> EngineMemory:
+        w = workload_for(cfg, world_size)
+        return engine.memory(shape_from_config(cfg), w, engine.opts(cfg))
+
+    engine.check_machine(cfg, planned, ranks_here)
 
 
 def ensure_writable_dir(path: Path, what: str) -> None:
@@ -188,9 +211,11 @@ def prepare_run(
     steps_given = "train.steps" in explicit_keys(cfg)  # lost by the replace()s below
     cfg = resolve(_expand_user(cfg), world_size, device_type)
     check_installed(cfg)  # before anything imports them, and before any worker starts
+    check_machine(cfg, world_size, local_ranks(opts, world_size))
     inputs = build_inputs(cfg, world_size)  # raises if the data cannot fill one global batch
     cfg, data_note = resolve_steps(cfg, inputs.data, world_size, steps_given)  # train.epochs
     make_loader(cfg, inputs.data, 0, world_size)
+    launch = engine_of(cfg).launch_check(cfg, world_size)  # the engine library's files
     if opts.resume:
         run_dir, resume_from, name = _prepare_resume(
             cfg, opts.resume, inputs.spec, world_size, create
@@ -210,6 +235,9 @@ def prepare_run(
     else:  # a non-zero node of a multi-node run: keep the resolved config local
         config_file = Path(tempfile.mkdtemp(prefix="zerofit-")) / name
     save_config(cfg, config_file)
-    if data_note:  # last: a refused run prints nothing but its error line
-        print(f"note: {data_note}", file=sys.stderr, flush=True)
+    for name, text in launch.files.items():
+        (config_file.parent / name).write_text(text)
+    # last: a refused run prints nothing but its error line
+    for line in [data_note, *launch.notes] if data_note else launch.notes:
+        print(f"note: {line}", file=sys.stderr, flush=True)
     return PreparedRun(cfg, run_dir, config_file, resume_from)

@@ -5,7 +5,8 @@ train), and its result is saved as the run's config.yaml; workers trust that fil
 - `parallel.compile: auto` becomes true on CUDA, false on CPU;
 - `parallel.backend: auto` becomes the planner's pick for this machine;
 - `precision.mode: auto` and the unset dtypes become explicit (bf16 on GPU, fp32 on CPU);
-- the engine resolves its own section (DeepSpeed merges a user's ds_config.json);
+- the engine resolves its own section (DeepSpeed merges a user's ds_config.json), knowing which
+  keys the user wrote (`explicit_keys`; `precision.mode: auto` counts as unwritten);
 - the batch arithmetic and the engine's mesh are checked against the world size.
 """
 
@@ -14,16 +15,19 @@ from __future__ import annotations
 from dataclasses import replace
 
 from zerofit.backends import engine_of
-from zerofit.config import check_world, compiles, resolve_precision
+from zerofit.config import check_world, compiles, explicit_keys, resolve_precision
 from zerofit.config.schema import Config
 from zerofit.planner.auto import resolve_auto
 
 
 def resolve(cfg: Config, world_size: int, device_type: str) -> Config:
+    explicit = explicit_keys(cfg) - ({"precision.mode"} if cfg.precision.mode == "auto" else set())
     cfg = replace(cfg, parallel=replace(cfg.parallel, compile=compiles(cfg.parallel, device_type)))
     if cfg.parallel.backend == "auto":
         cfg = resolve_auto(cfg, world_size)
     cfg = replace(cfg, precision=resolve_precision(cfg.precision, device_type))
+    # the keys the user wrote, kept as `zerofit.config` keeps them (`replace` drops them)
+    object.__setattr__(cfg, "_explicit", explicit)
     engine = engine_of(cfg)
     cfg = engine.prepare(cfg, world_size, device_type)
     check_world(cfg, world_size)

@@ -29,6 +29,12 @@ dtype; gradients, AdamW states and DeepSpeed's fp32 masters are the adapters' al
 head's gradient buffers go, and each adapted layer adds its rank-r activations (with dropout, its
 mask, a bit per input element).
 
+With DPO's frozen reference copy (``train.dpo.reference: copy``, ``Workload.reference_copy``) its
+weights count as parameters, in the compute dtype, sharded as the engine shards the policy's. Any
+reference forward (the copy's, or the base's with the adapters off) runs before the policy's and
+is one more phase: what is resident, the engine's working bytes for it and a forward's transient
+intermediates (`reference_phase`).
+
 The peak is the largest of the start of backward (activations + logits alive, gradients not yet
 produced unless they persist), the end of backward (all gradients, no activations), the
 optimizer step (gradients and the step's temporaries) and, where an engine names them, points
@@ -143,16 +149,22 @@ def workload_for(cfg: Config, world_size: int, device_type: str = "cuda") -> Wor
         fp8=p.fp8,
         fused_optim=cfg.optim.fused is not False,
         reference_forward=reference_forward(cfg),
+        reference_copy=reference_way(cfg) == "copy",
     )
+
+
+def reference_way(cfg: Config) -> str | None:
+    """DPO's reference (`DPOConfig.resolved`), None for another objective."""
+    if cfg.train.objective != "dpo":
+        return None
+    return cfg.train.dpo.resolved(cfg.model.lora.rank > 0)
 
 
 def reference_forward(cfg: Config) -> bool:
     """Whether each micro-batch runs DPO's reference forward too (train.dpo.reference
-    adapters_off, or auto with LoRA); a precomputed reference runs once, before the first step."""
-    if cfg.train.objective != "dpo":
-        return False
-    way = cfg.train.dpo.reference
-    return way == "adapters_off" or (way == "auto" and cfg.model.lora.rank > 0)
+    adapters_off, or auto with LoRA, or copy); a precomputed reference runs once, before the
+    first step."""
+    return reference_way(cfg) in ("adapters_off", "copy")
 
 
 def adapters_for(cfg: Config) -> Adapters | None:
@@ -341,8 +353,28 @@ def estimate(m: ModelShape, w: Workload, s: Strategy) -> Memory:
     kept = resident + e.gradients + (e.buffers if e.buffers_at_end else 0.0)
     step = kept + e.step_buffers
     inside = [kept + b + saved_after(m, w, s, at) for at, b in e.backward]
-    mem.peak_allocated = max(start, end, step, *inside)
+    mem.peak_allocated = max(start, end, step, *inside, reference_phase(m, w, e) + resident + held)
     return mem
+
+
+def reference_phase(m: ModelShape, w: Workload, e: EngineMemory) -> float:
+    """DPO's reference forward (no gradients), beside what is resident: it runs before the
+    policy's forward, so no activations are saved yet; the engine's working bytes for it (a
+    frozen copy's gathered units, or the policy's own buffers) and `reference_forward_bytes`.
+    0 without a reference forward."""
+    if not w.reference_forward:
+        return 0.0
+    working = e.reference_buffers if e.reference_buffers is not None else e.buffers
+    return working + reference_forward_bytes(m, w)
+
+
+def reference_forward_bytes(m: ModelShape, w: Workload) -> float:
+    """What a forward without gradients holds at once: the residual stream (fp32 at most) and
+    the largest of one block's intermediates (bounded by what a training forward of it saves)
+    and the output layer's logits (one chunk with the fused head), in e_c and fp32."""
+    block = block_activation_bytes(m, w.tokens, w.e_c)
+    rows = min(w.tokens, w.loss_chunk) if w.loss_chunk > 0 and m.fused_head else w.tokens
+    return w.tokens * m.dim * 4 + max(block, rows * m.vocab_size * (w.e_c + 4))
 
 
 def predicted_peak(cfg: Config, world: int) -> tuple[float, dict[str, float]]:

@@ -61,6 +61,11 @@ class Hardware:
     nodes: int = 1
     cpu_mem: int | None = None  # bytes of host RAM per node (None: unknown, offload cannot fit)
     nvme: int = 0  # bytes of NVMe per node
+    # NVMe bytes/s per node, as DeepSpeed's aio reaches them: `plan --nvme-bw` or `--nvme-probe`,
+    # else assumed (one PCIe Gen4 drive; the ZeRO-Infinity paper's DGX-2 had ~25 GB/s of 16)
+    nvme_read_bw: float = 3e9
+    nvme_write_bw: float = 3e9
+    nvme_bw_from: str = "assumed"  # assumed | --nvme-bw | probed <dir>
     peak_flops: float = 989.4e12  # dense bf16 per GPU (Hopper, when nothing says otherwise)
     intra_bw: float = 300e9  # bytes/s per GPU for collectives inside a node (NVLink class)
     inter_bw: float = 25e9  # bytes/s per GPU across nodes (200 Gb/s class)

@@ -1,6 +1,7 @@
 """A stated roofline for step time.
 
-step = compute + exposed communication + CPU optimizer time (+ NVMe traffic), where
+step = max(GPU work, host work) + CPU optimizer time (+ NVMe traffic) + the step's host hooks, where
+the GPU work is compute + exposed communication + exposed offload copies, and
 - compute = FLOPs per step / (GPUs x peak x efficiency), FLOPs x 4/3 with full activation
   checkpointing (the forward runs twice), and the forward's share again for DPO's adapters-off
   reference (`Workload.reference_forward`);
@@ -19,7 +20,30 @@ step = compute + exposed communication + CPU optimizer time (+ NVMe traffic), wh
   like communication only what exceeds OVERLAP x compute is exposed; a larger micro-batch means
   fewer of them per step. Checked on the 2026-12-03 24 GB rehearsal (llama3-1b, ZeRO-3 optimizer
   offload, micro-batch 1 x 64: 15.67 s a step measured), in-sample: no constant was refitted on it.
-Every engine-specific term (traffic, offload, efficiency) lives in the engine's `spec` module.
+- host (`host_seconds`): the host issues the GPU's work, so a step is no shorter than the host's
+  part of it; the two overlap, so only the longer counts. Every micro-batch the host launches each
+  block's kernels (`launches`; counted by benchmarks/block_launches.py on zerofit's Llama block:
+  122 eager, 51 of them in forward; 36 compiled, 15 in forward, as matmuls plus one fused kernel
+  per run of other ops; 10 more per LoRA-adapted layer), a recomputed block's forward again, and
+  eager selective checkpointing's Python policy on every forward op, in forward and in the
+  recomputation (2 x 82), each at LAUNCH_SECONDS; and it runs the engine's Python hooks
+  (`Engine.host_calls`: FSDP2 4 per unit, 3 without resharding, each weighed as BLOCK_LAYERS
+  calls; ZeRO-3 4 per module holding parameters plus each trained tensor's gradient hook; ZeRO-1/2
+  the gradient hooks; DDP none, its reducer is C++), each at HOOK_SECONDS. After backward, where
+  nothing hides them, ZeRO-1/2 walk the trained tensors ZERO12_STEP_PASSES times. The host term
+  does not depend on tokens: it decides steps of few tokens a micro-batch, eager above all, and
+  hides under the GPU's work at the 8K-16K tokens the efficiencies were fitted at.
+  LAUNCH_SECONDS = 29 us, HOOK_SECONDS = 170 us and ZERO12_STEP_PASSES = 2 (in
+  backends/deepspeed/costs.py) were fitted (least squared log error, `tools/planner_residuals.py
+  --fit`) on the eight rows of docs/benchmarks/data/2026-12-04-planner-heldout/a-measured.json
+  (llama3-1b eager at 4,096 tokens: DDP, FSDP + SAC, FSDP grad-op + AC, ZeRO-1, ZeRO-2 + SAC,
+  ZeRO-3 + AC, both offloads; the H200 host): median |error| 21.9% -> 7.6%, 6 of 8 within 10%.
+  Held out, the 2026-12-03 files b, c and d (fp32 masters, the 3.6B shape with 28 layers, 2,048
+  tokens; their timed steps recorded allocations, a slower host): 55.8% -> 22.4%, still under;
+  every compiled run is unchanged. Not modelled: the optimizer step's memory traffic (inside the
+  fitted efficiencies, so under-counted at small micro-batches), autocast's casts (14 kernels a
+  block), the output layer's launches; the host's speed is the H200 machine's.
+Every engine-specific term (traffic, offload, efficiency, hooks) lives in the engine's `spec` module.
 
 The efficiency constants come from zerofit's own H200 measurements (docs/benchmarks/): on llama3-1b
 (hidden 2048) eager FSDP ran at 36% MFU, eager ZeRO-3 at 29%; compiled, FSDP at 48.5% and ZeRO-3 at
@@ -68,6 +92,20 @@ FP8_EAGER_GAIN = 1.1  # the same eager (unfused casts): a lead, unmeasured by ze
 # unmeasured by zerofit until its H200 benchmark.
 DEQUANT_EFFICIENCY = 0.6
 DEQUANT_EAGER_EFFICIENCY = 0.1
+# The host (see the module docstring): seconds of host time per kernel launch (an eager op, a
+# compiled kernel, or selective checkpointing's Python policy call on an op), and per Python
+# hook call of an engine (`Engine.host_calls`). Fitted on the 2026-12-04 held-out file.
+LAUNCH_SECONDS = 29e-6
+HOOK_SECONDS = 170e-6
+# What one decoder block issues in a forward + backward (benchmarks/block_launches.py, torch
+# 2.13): eager kernels, of which in forward; compiled kernels (matmuls + one fused kernel per run
+# of other ops), of which in forward; forward ops (views too); forward matmuls and attention
+BLOCK_KERNELS, BLOCK_FORWARD_KERNELS = 122, 51
+BLOCK_FUSED, BLOCK_FORWARD_FUSED = 36, 15
+BLOCK_FORWARD_OPS, BLOCK_FORWARD_MATMULS = 82, 8
+# per LoRA-adapted layer (A and B, dropout, scale and add; QLoRA's rebuild fuses in): fused
+# kernels, of which in forward (zerofit's lean LoRA runs compiled kernels on CUDA, even eager)
+ADAPTER_KERNELS, ADAPTER_FORWARD_KERNELS = 10, 4
 
 
 @dataclass
@@ -78,6 +116,9 @@ class Speed:
     offload: float
     tokens_per_s: float
     mfu: float
+    host: float = 0.0  # host seconds a step: its launches and hooks (`host_seconds`)
+    disk_read: float = 0.0  # NVMe bytes a rank reads a step (`OffloadTime.disk_read`)
+    disk_write: float = 0.0  # and writes
 
 
 def efficiency(s: Strategy, dim: int) -> float:
@@ -140,6 +181,33 @@ def dequant_seconds(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> fl
     return moved / (hw.mem_bw * (DEQUANT_EFFICIENCY if s.compile else DEQUANT_EAGER_EFFICIENCY))
 
 
+def launches(m: ModelShape, w: Workload, s: Strategy) -> float:
+    """Kernel launches (and per-op Python calls) the host makes for one micro-batch: each block's
+    forward and backward, eager or compiled, with its adapters; a recomputed block's forward
+    again (and DPO's reference forward); selective checkpointing's recomputed ops and, eager, its
+    policy called on every forward op, in forward and again in the recomputation."""
+    L, lora = m.n_layers, (w.lora.per_block if w.lora else 0)
+    if s.compile:
+        block, forward = BLOCK_FUSED, BLOCK_FORWARD_FUSED
+        sac = BLOCK_FORWARD_FUSED
+    else:
+        block, forward = BLOCK_KERNELS, BLOCK_FORWARD_KERNELS
+        sac = BLOCK_FORWARD_KERNELS - BLOCK_FORWARD_MATMULS + 2 * BLOCK_FORWARD_OPS
+    block += lora * ADAPTER_KERNELS
+    forward += lora * ADAPTER_FORWARD_KERNELS
+    forwards = len(s.recomputed(L)) + L * float(w.reference_forward)
+    selective = L * sac if s.activation_checkpointing == "selective" else 0
+    return L * block + forwards * forward + selective
+
+
+def host_seconds(m: ModelShape, w: Workload, s: Strategy) -> tuple[float, float]:
+    """(host seconds a step that the GPU's work can hide, host seconds after backward that
+    nothing hides): every micro-batch's launches and engine hooks; the step's engine hooks."""
+    calls = s.engine.host_calls(m, w, s.options)
+    micro_batch = launches(m, w, s) * LAUNCH_SECONDS + calls.micro_batch * HOOK_SECONDS
+    return micro_batch * w.grad_accum_steps, calls.step * HOOK_SECONDS
+
+
 def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
     W = w.world_size
     tokens_step = w.tokens * w.grad_accum_steps * W
@@ -160,7 +228,9 @@ def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
     host = s.engine.offload_seconds(m, w, s.options, hw)
     copies = host.micro_batch * w.grad_accum_steps  # hidden under compute as communication is
     offload = host.step + max(0.0, copies - OVERLAP * compute)
-    step = compute + exposed + offload
+    hidden, unhidden = host_seconds(m, w, s)  # the host issues the GPU's work as it runs
+    step = max(compute + exposed + offload - host.step, hidden) + host.step + unhidden
     tps = tokens_step / step
     mfu = flops_per_token(m, w) * tps / (W * hw.peak_flops)
-    return Speed(step, compute, exposed, offload, tps, mfu)
+    disk = (host.disk_read, host.disk_write)
+    return Speed(step, compute, exposed, offload, tps, mfu, hidden + unhidden, *disk)

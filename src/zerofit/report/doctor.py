@@ -10,7 +10,7 @@ import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zerofit.backends import engine_of, engines
 from zerofit.backends.terms import GIB
@@ -22,6 +22,9 @@ from zerofit.planner.gpus import gpu_named
 from zerofit.planner.memory import predicted_peak, strategy_for, workload_for
 from zerofit.planner.shape import Hardware, with_gpu
 from zerofit.planner.speed import predict
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 # A run this much slower than its forecast is worth a look (the roofline's own error reaches
 # ~50% held out: docs/benchmarks), and what to look at.
@@ -196,7 +199,12 @@ def check_speed(cfg: Config, run: Path) -> Finding:
     """Measured tokens/s (metrics.jsonl: the median of the logged windows after the first, which
     holds the warm-up and compilation) against the planner's roofline for the run's config."""
     env = _json(run / "env.json") or {}
-    rates = [r["tokens_per_s"] for r in _metrics(run) if "tokens_per_s" in r]
+    # every place of the rows, as the roofline counts them (DPO's repeated prompts added back)
+    rates = [
+        r["tokens_per_s"] + r.get("repeated_tokens_per_s", 0.0)
+        for r in _metrics(run)
+        if "tokens_per_s" in r
+    ]
     if env.get("device") != "cuda" or not rates:
         why = "a CPU run" if env.get("device") == "cpu" else "no tokens/s in metrics.jsonl"
         return Finding("speed", "ok", f"{why}: nothing to compare with the forecast")
@@ -285,14 +293,27 @@ def oom_advice(cfg: Config, world: int, gpu_mem: int) -> str:
     return f"{advice}; no single change fits: run `zerofit plan -c config.yaml` for the options"
 
 
-def print_report(findings: list[Finding]) -> int:
+def print_report(findings: list[Finding], console: Console | None = None) -> int:
+    """One line a finding: its status, its check and its message. On a terminal the message wraps
+    under itself within ``table_width`` (100 columns or the terminal's width); elsewhere (a pipe,
+    a log) each finding is one whole line."""
     from rich.console import Console  # light CLI start: every `zerofit` run imports this module
+    from rich.table import Table  # light CLI start, as above
+    from rich.text import Text  # light CLI start, as above
 
-    console = Console()
-    console = Console(width=max(console.width, 160))
+    from zerofit.report.tables import Widened, table_width  # imports rich: light CLI start
+
+    console = console or Console()
+    width = table_width(console)
     colour = {"ok": "green", "warn": "yellow", "FAIL": "bold red"}
     for f in findings:
-        console.print(
-            f"[{colour[f.status]}]{f.status:>4}[/]  {f.check:<12} {f.message}", highlight=False
-        )
+        if width is None:
+            console.print(f"{f.status:>4}  {f.check:<12} {f.message}", soft_wrap=True, markup=False)
+            continue
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(width=5, justify="right")
+        grid.add_column(width=12)
+        grid.add_column(overflow="fold")
+        grid.add_row(Text(f.status, style=colour[f.status]), Text(f.check), Text(f.message))
+        console.print(Widened(grid, width), crop=False)
     return 1 if any(f.status == "FAIL" for f in findings) else 0

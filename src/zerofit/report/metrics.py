@@ -59,20 +59,30 @@ class Throughput:
         self.t0 = time.perf_counter()
         self.steps = 0
         self.real: torch.Tensor | None = None
+        self.repeated: torch.Tensor | None = None
 
-    def tick(self, real_tokens: torch.Tensor | None = None) -> None:
-        """One step; ``real_tokens`` its non-padding tokens where batches are padded."""
+    def tick(
+        self, real_tokens: torch.Tensor | None = None, repeated: torch.Tensor | None = None
+    ) -> None:
+        """One step; ``real_tokens`` its non-padding tokens where batches are padded;
+        ``repeated`` its places that compute what another place does (DPO: each pair's second
+        copy of its prompt), counted once: left out of every figure, FLOPs and MFU included."""
         self.steps += 1
         if real_tokens is not None:
             self.real = real_tokens if self.real is None else self.real + real_tokens
+        if repeated is not None:
+            self.repeated = repeated if self.repeated is None else self.repeated + repeated
 
     def read(self) -> dict[str, float]:
         dt = max(time.perf_counter() - self.t0, 1e-9)
-        tps = self.tokens_per_step * self.steps / dt
+        repeated = float(self.repeated) if self.repeated is not None else 0.0
+        tps = (self.tokens_per_step * self.steps - repeated) / dt
         out = rates(tps, self.flops_per_token, self.world_size, self.peak)
         out["step_time_s"] = dt / max(self.steps, 1)
         if self.real is not None:
             out["real_tokens_per_s"] = float(self.real) / dt
+        if self.repeated is not None:
+            out["repeated_tokens_per_s"] = repeated / dt
         return out
 
 

@@ -8,12 +8,14 @@ on every rank. `zerofit.train.run` assembles a run from these; `zerofit.train.tr
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from torch import nn
 
 from zerofit import checkpoint as ckpt
 from zerofit.backends import checkpoint_readers, engine_of
@@ -51,17 +53,22 @@ class RunParts:
     backend: Backend
     ckpt_root: Path  # where this run's checkpoints go
     meta: dict[str, Any]  # what each checkpoint records about the run (zerofit.checkpoint.compat)
+    frozen: nn.Module | None = None  # DPO's reference copy (train.dpo.reference: copy)
 
 
 def build_parts(cfg: Config, run_dir: Path, ctx: DistContext) -> RunParts:
     """Seed this rank, build the model and data, the loader of this rank's share, and the engine
-    set up with the model; then write the sharding report and (rank 0) env.json. ``cfg`` is
+    set up with the model (and DPO's reference copy, built from the same source: the starting
+    weights, also on a resume); then write the sharding report and (rank 0) env.json. ``cfg`` is
     resolved: precision for this device, world size checked."""
     torch.manual_seed(cfg.train.seed + ctx.rank)
     set_attention_backend(cfg.model.attention)
     inputs = build_inputs(cfg)
     loader = make_loader(cfg, inputs.data, ctx.dp_rank, ctx.dp_size)
     backend: Backend = engine_of(cfg).runtime()(ctx, cfg, checkpoint_readers())
+    # DPO's reference copy: the unwrapped meta module, taken before the engine wraps the policy's
+    copied = cfg.train.objective == "dpo" and cfg.train.dpo.reference == "copy"
+    frozen = replace(inputs.spec, module=copy.deepcopy(inputs.spec.module)) if copied else None
     backend.setup(inputs.spec, cfg.model.init_seed)
     parts = RunParts(
         spec=inputs.spec,
@@ -70,6 +77,7 @@ def build_parts(cfg: Config, run_dir: Path, ctx: DistContext) -> RunParts:
         backend=backend,
         ckpt_root=ckpt.checkpoint_root(cfg.checkpoint.dir, run_dir),
         meta=checkpoint_meta(cfg, inputs.spec, ctx.world_size),
+        frozen=backend.wrap_frozen(frozen, cfg.model.init_seed) if frozen else None,
     )
     write_sharding_report(backend, run_dir, ctx)
     write_environment(run_dir, ctx)

@@ -34,24 +34,28 @@ from zerofit.train.preference import (
     metric_means,
     pair_index,
     pair_logps,
+    shared_prefix_tokens,
 )
 from zerofit.train.reference import Reference
 
 
 def _global_weights(
-    ctx: DistContext, counts: list[int], batches: list[Batch]
-) -> tuple[list[torch.Tensor], torch.Tensor]:
+    ctx: DistContext, counts: list[int], batches: list[Batch], repeated: int = 0
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
     """Micro-batch ``a``'s weight ``n_a * D / N`` (``N``: the global batch's count, one
-    all-reduce), and the global batch's real tokens (no sync)."""
+    all-reduce); the global batch's real tokens, those ``repeated`` on any rank left out, and
+    the repeated ones (no sync)."""
     real = sum(real_tokens(b) for b in batches)
-    both = torch.tensor([sum(counts), real], dtype=torch.float64, device=ctx.device)
-    both = ctx.all_reduce_sum(both)
-    n = both[0].clamp(min=1.0)
-    return [(c * ctx.dp_size / n).float() for c in counts], both[1]
+    sums = torch.tensor([sum(counts), real, repeated], dtype=torch.float64, device=ctx.device)
+    sums = ctx.all_reduce_sum(sums)
+    n = sums[0].clamp(min=1.0)
+    return [(c * ctx.dp_size / n).float() for c in counts], sums[1] - sums[2], sums[2]
 
 
 class NextToken:
     """The mean next-token loss."""
+
+    repeated: torch.Tensor | None = None  # every token counts (see Preference)
 
     def __init__(self, cfg: Config, ctx: DistContext, masked: bool) -> None:
         self.cfg, self.ctx, self.masked = cfg, ctx, masked
@@ -63,7 +67,7 @@ class NextToken:
         if not self.masked:
             return None, None
         counts = [int((b[1] != IGNORE_INDEX).sum()) for b in batches]
-        return _global_weights(self.ctx, counts, batches)
+        return _global_weights(self.ctx, counts, batches)[:2]
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         return forward(model, batch, self.ctx.device)
@@ -90,23 +94,34 @@ class NextToken:
 
 
 class Preference:
-    """DPO: the mean over pairs of -log sigmoid(beta x (policy - reference) margin)."""
+    """DPO: the mean over pairs of -log sigmoid(beta x (policy - reference) margin).
+
+    A pair's chosen and rejected documents start with the same prompt, computed in both: its
+    second copy is work done twice, and the tokens a step counts (its real tokens here, and
+    through ``repeated`` the throughput and MFU the trainer logs) count it once."""
 
     def __init__(self, cfg: Config, ctx: DistContext, reference: Reference) -> None:
         self.cfg, self.ctx, self.reference = cfg, ctx, reference
         self.sums = torch.zeros(len(METRICS), dtype=torch.float64, device=ctx.device)
+        # the last step's places that repeat their pair's other document (the global batch's)
+        self.repeated: torch.Tensor | None = None
 
     def weights(self, batches: list[Batch]) -> tuple[list[torch.Tensor], Any]:
         """Micro-batch ``a``'s weight ``n_a * D / N`` for ``n_a`` its pairs: the update is that of
-        the global batch's mean over pairs."""
+        the global batch's mean over pairs. Its real tokens count each pair's shared prompt once
+        (``shared_prefix_tokens``)."""
         counts = [pair_index(b[3]).ids.numel() for b in batches]  # as the loss indexes them
-        return _global_weights(self.ctx, counts, batches)
+        repeated = sum(shared_prefix_tokens(b) for b in batches)
+        weights, real, self.repeated = _global_weights(self.ctx, counts, batches, repeated)
+        return weights, real
 
     def _pair_terms(self, model: nn.Module, batch: Batch, split: str) -> tuple[torch.Tensor, ...]:
         index = pair_index(batch[3]).to(self.ctx.device)  # from the host's copy: no sync
+        # the reference first: its forward's transient memory comes before the policy's saved
+        # activations, not on top of them
+        ref_chosen, ref_rejected = self.reference.logps(model, batch, index, split)
         nll = forward(model, batch, self.ctx.device, per_token=True)
         _, chosen, rejected = pair_logps(nll, index)
-        ref_chosen, ref_rejected = self.reference.logps(model, batch, index, split)
         d = self.cfg.train.dpo
         losses, r_chosen, r_rejected = dpo_loss(
             chosen, rejected, ref_chosen, ref_rejected, d.beta, d.label_smoothing

@@ -67,13 +67,15 @@ class MetricsLog:
         result: StepResult,
         lr: float,
         real_tokens: torch.Tensor | None = None,
+        repeated: torch.Tensor | None = None,
     ) -> dict[str, Any] | None:
         """Count the step in the window; return the window's record when one is due.
-        ``real_tokens``: the global batch's non-padding tokens (fine-tuning rows only)."""
+        ``real_tokens``: the global batch's non-padding tokens (fine-tuning rows only);
+        ``repeated``: its places counted once elsewhere (DPO: `Throughput.tick`)."""
         if result.applied:  # a skipped step's non-finite loss stays out of the mean
             self.loss_sum += loss
             self.window += 1
-        self.meter.tick(real_tokens)
+        self.meter.tick(real_tokens, repeated)
         if step % self.every == 0 or step == self.last_step or result.nonfinite:
             return self._record(step, loss, result, lr)
         return None
@@ -201,17 +203,23 @@ class RunSummary:
         self.timer = StepTimer(ctx.device)
         self.timer.mark()
         self.real_tokens: list[torch.Tensor] = []  # per step, fine-tuning rows only
+        self.repeated: list[torch.Tensor] = []  # per step, DPO only (`Throughput.tick`)
         self.losses: list[
             torch.Tensor
         ] = []  # per step, this rank's (averaged over ranks at the end)
 
     def mark_step(
-        self, real_tokens: torch.Tensor | None = None, loss: torch.Tensor | None = None
+        self,
+        real_tokens: torch.Tensor | None = None,
+        loss: torch.Tensor | None = None,
+        repeated: torch.Tensor | None = None,
     ) -> None:
         """A step ended: its time, and (kept on the device, no sync) its tokens and loss."""
         self.timer.mark()
         if real_tokens is not None:
             self.real_tokens.append(real_tokens)
+        if repeated is not None:
+            self.repeated.append(repeated)
         if loss is not None:
             self.losses.append(loss.detach().float().reshape(()))
 
@@ -241,6 +249,8 @@ class RunSummary:
             summary["step_losses"] = [x if math.isfinite(x) else None for x in losses.tolist()]
         if self.real_tokens:  # and each step's non-padding tokens, for real tokens/s
             summary["step_real_tokens"] = [int(n) for n in torch.stack(self.real_tokens).tolist()]
+        if self.repeated:  # and each step's places counted once elsewhere (DPO's prompts)
+            summary["step_repeated_tokens"] = [int(n) for n in torch.stack(self.repeated).tolist()]
         summary.update(log.rates)
         log.close()
         if ctx.is_main:

@@ -13,8 +13,10 @@ so that sums over micro-batches and ranks (one all-reduce) give means over pairs
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -74,6 +76,30 @@ def pair_logps(
     sums = nll.new_zeros(2 * pairs.ids.numel()).index_add(0, pairs.slots, nll)
     logps = -sums.view(-1, 2)
     return pairs.ids, logps[:, 0], logps[:, 1]
+
+
+def shared_prefix_tokens(batch: tuple[torch.Tensor, ...]) -> int:
+    """Input places of a batch of preference rows (on the host) that compute what another place
+    already does: for each pair, the common start of its chosen and rejected documents' inputs
+    (the prompt, and any first tokens the two responses share). Attention is causal and within a
+    document, so the same weights give those places the same hidden states in both documents:
+    the work is done twice but counts once (``zerofit.train.objectives``: tokens and FLOPs)."""
+    inputs, positions, pairs = (t.numpy() for t in (batch[0], batch[2], batch[3]))
+    total = 0
+    for row_in, row_pos, row_pairs in zip(inputs, positions, pairs, strict=True):
+        bounds = [*np.flatnonzero(row_pos == 0).tolist(), len(row_pos)]
+        docs = {}  # a document's pair mark (+ chosen, - rejected) -> its inputs
+        for a, b in itertools.pairwise(bounds):
+            marks = row_pairs[a:b][row_pairs[a:b] != 0]
+            if marks.size:  # not padding
+                docs[int(marks[0])] = row_in[a:b]
+        for mark, chosen in docs.items():
+            rejected = docs.get(-mark) if mark > 0 else None
+            if rejected is not None:
+                n = min(len(chosen), len(rejected))
+                differ = np.flatnonzero(chosen[:n] != rejected[:n])
+                total += int(differ[0]) if differ.size else n
+    return total
 
 
 def dpo_loss(

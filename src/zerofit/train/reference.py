@@ -3,12 +3,18 @@ under the model the run started from.
 
 - ``AdaptersOff`` (LoRA / QLoRA): the policy's own base with every adapter switched off, run
   without gradients on the same micro-batch. No extra weights; one more forward per micro-batch.
+- ``Copy`` (full fine-tuning, ``train.dpo.reference: copy``): a frozen copy of the starting model,
+  built from the model's source as the policy is (the name-seeded init or the weights on disk,
+  never a checkpoint: a resume has the starting weights again) and sharded like it by the same
+  engine (``Backend.wrap_frozen``), run without gradients on the same micro-batch. The copy's
+  weights in the compute dtype; one more forward a micro-batch.
 - ``Precomputed`` (any model, full fine-tuning included): a first pass over every pair of both
   splits with the starting weights, before the first step, kept in the run folder
   (``reference_logps.pt``). No extra weights and no extra forward while training; a resume reads
   the file (the weights it would recompute from are no longer the starting ones).
 
-`train.dpo.reference: auto` is ``adapters_off`` with LoRA, else ``precomputed``.
+`train.dpo.reference: auto` is ``adapters_off`` with LoRA, else ``precomputed``
+(``DPOConfig.resolved``).
 """
 
 from __future__ import annotations
@@ -66,6 +72,19 @@ class AdaptersOff(Reference):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad(), adapters_off(model):
             nll = forward(model, batch, self.device, per_token=True)
+        _, chosen, rejected = pair_logps(nll, index)
+        return chosen, rejected
+
+
+class Copy(Reference):
+    def __init__(self, frozen: nn.Module, device: torch.device) -> None:
+        self.frozen, self.device = frozen, device
+
+    def logps(
+        self, model: nn.Module, batch: Batch, index: PairIndex, split: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            nll = forward(self.frozen, batch, self.device, per_token=True)
         _, chosen, rejected = pair_logps(nll, index)
         return chosen, rejected
 
@@ -132,15 +151,17 @@ def _load(path: Path, splits: dict[str, np.ndarray], device: torch.device) -> di
 
 def make_reference(
     cfg: Config, model: nn.Module, splits: dict[str, np.ndarray], run_dir: Path, ctx: DistContext,
-    fresh: bool,
+    fresh: bool, frozen: nn.Module | None = None,
 ) -> Reference:  # fmt: skip
     """The run's reference. `fresh`: the run starts at step 0 (a precomputed reference is
-    computed now from the starting weights and saved); else it is read back from the run folder."""
-    way = cfg.train.dpo.reference
-    if way == "auto":
-        way = "adapters_off" if cfg.model.lora.rank > 0 else "precomputed"
+    computed now from the starting weights and saved); else it is read back from the run folder.
+    `frozen`: the engine's frozen copy of the starting model (reference: copy)."""
+    way = cfg.train.dpo.resolved(cfg.model.lora.rank > 0)
     if way == "adapters_off":
         return AdaptersOff(ctx.device)
+    if way == "copy":
+        assert frozen is not None, "reference: copy, and the engine built no copy"
+        return Copy(frozen, ctx.device)
     path = run_dir / FILE
     if not fresh:
         if not path.is_file():

@@ -48,7 +48,7 @@ class Trainer:
         parts = build_parts(cfg, run_dir, ctx)
         self.spec, self.data, self.loader = parts.spec, parts.data, parts.loader
         self.backend = parts.backend
-        self.ckpt_root, self.meta = parts.ckpt_root, parts.meta
+        self.ckpt_root, self.meta, self.frozen = parts.ckpt_root, parts.meta, parts.frozen
         t = cfg.train
         self.stops = StopChecks(
             t.on_nonfinite, t.max_skipped_steps, self.control.signals, ctx.world_size
@@ -96,9 +96,12 @@ class Trainer:
             while self.step < cfg.train.steps:
                 with self.profiler.step():
                     loss, result = self.train_step()
-                summary.mark_step(self.real_tokens, loss)
+                repeated = self.objective().repeated  # DPO: each pair's prompt counts once
+                summary.mark_step(self.real_tokens, loss, repeated)
                 first.after_step(self.step)
-                record = log.after_step(self.step, loss, result, self.lr, self.real_tokens)
+                record = log.after_step(
+                    self.step, loss, result, self.lr, self.real_tokens, repeated
+                )
                 if record is not None:
                     record.update(self.objective().record())
                 if evals.due(self.step):
@@ -282,7 +285,13 @@ class Trainer:
             if self.cfg.train.objective == "dpo":
                 splits = {"train": self.data.train, "val": self.data.val}
                 reference = make_reference(
-                    self.cfg, self.backend.model, splits, self.run_dir, self.ctx, self.step == 0
+                    self.cfg,
+                    self.backend.model,
+                    splits,
+                    self.run_dir,
+                    self.ctx,
+                    self.step == 0,
+                    self.frozen,
                 )
             self._objective = make_objective(self.cfg, self.ctx, self.data.masked, reference)
         return self._objective

@@ -6,11 +6,18 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from zerofit.backends.base import materialize_from_spec
-from zerofit.backends.torch_common import TorchBackend, build_adamw, cast_frozen_, trainable
+from zerofit.backends.torch_common import (
+    TorchBackend,
+    build_adamw,
+    cast_frozen_,
+    frozen_,
+    trainable,
+)
 from zerofit.distributed import fp8 as fp8
 from zerofit.distributed.parallelize import apply_ac, apply_compile, get_blocks
 from zerofit.models import ModelSpec
@@ -48,6 +55,17 @@ class DDPBackend(TorchBackend):
         else:
             self.model = module
         self.optimizer = build_adamw(self.model, self.optim_cfg, self.ctx.device)
+
+    def wrap_frozen(self, spec: ModelSpec, init_seed: int) -> nn.Module:
+        """Replicated like the policy: the whole copy on every rank, nothing to reduce. Stored as
+        the policy computes under autocast: the Linear weights in the compute dtype, the rest in
+        the master dtype (an fp32 residual stream, as the policy's), so that at step 0 it
+        computes exactly what the policy does."""
+        module = frozen_(spec.module.to(self.master_dtype), self.param_dtype, linears_only=True)
+        if self.parallel.compile:
+            apply_compile(get_blocks(module, spec.blocks_path))
+        materialize_from_spec(module, self.ctx.device, spec, init_seed)
+        return module.eval()
 
     def reduce_dtype_in_use(self) -> torch.dtype:
         """DDP all-reduces gradients in the parameters' dtype unless a compression hook is set."""

@@ -38,6 +38,10 @@ class DDP(Engine[DDPOptions]):
             buffers=(cached * w.e_c if mixed else 0.0) + w.dequantized_bytes,
             persistent_grads=w.grad_accum_steps > 1,
         )
+        if w.reference_copy:  # DPO's frozen copy, whole on every rank, stored as autocast runs it
+            kept = m.embedding_params + (2 * m.n_layers + 1) * m.dim  # embedding and norms
+            mem.parameters += w.copy_bytes(P, autocast_kept=kept)
+            mem.notes.append("DPO's reference copy is whole on every rank (DDP replicates)")
         if w.world_size > 1:
             mem.buffers += T * w.e_m  # reducer buckets (gradients are copied into them)
             mem.notes.append("DDP keeps a second copy of the gradients in its all-reduce buckets")

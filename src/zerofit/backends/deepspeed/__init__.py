@@ -1,1 +1,1 @@
-"""DeepSpeed ZeRO: options.py (its config section), ds_json.py (its JSON table), spec.py (planner, doctor, launch), runtime.py and checkpoint.py (torch, deepspeed)."""
+"""DeepSpeed ZeRO: options.py (its config section), ds_json.py (its JSON table), merge.py, user_json.py, user_blocks.py, fill.py and json_paths.py (a user's JSON, read as HF Trainer reads it), pre_launch.py, validate.py and notes.py (checked by DeepSpeed before launch, and said), spec.py (planner, doctor, launch), runtime.py and checkpoint.py (torch, deepspeed)."""

@@ -36,7 +36,7 @@ from torch.futures import Future
 
 from zerofit.checkpoint.neutral import MODEL, MOMENTS, OPTIM
 from zerofit.checkpoint.safe_load import UnsafeCheckpointError, load_torch_file
-from zerofit.errors import DamagedFile
+from zerofit.errors import DamagedFile, UserError
 
 
 def ds_safe_globals() -> list[Any]:
@@ -164,6 +164,7 @@ class ZeroCheckpointReader(StorageReader):
         self.ranks = [r for r, _ in loaded]
         self.stage = loaded[0][1]
         self.world = len(self.ranks)
+        self._check_not_swapped()
         self.group_of = {n: g for g, shapes in enumerate(self.shapes) for n in shapes}
         self.offsets: dict[str, int] = {}  # ZeRO-3: offset of each param's piece in a rank's flats
         pos = 0
@@ -173,6 +174,23 @@ class ZeroCheckpointReader(StorageReader):
                 pos += math.ceil(math.prod(shape) / self.world)
         self.frozen = self._frozen(states)
         self._loaded = True
+
+    def _check_not_swapped(self) -> None:
+        """ZeRO-3 with the optimizer on NVMe saves each swapped sub-group's master and moments as
+        DeepSpeed's swap files (``offloaded_tensors/``, named by DeepSpeed's internal parameter
+        ids), and empty tensors in the optimizer files: only DeepSpeed's own loader, into the
+        same layout, reads them back."""
+        swapped = (self.dir / "offloaded_tensors").is_dir() and any(
+            f.numel() == 0 and sum(math.prod(s) for s in self.shapes[g].values())
+            for r in self.ranks
+            for g, f in enumerate(r.flats[: len(self.shapes)])
+        )
+        if swapped:
+            raise UserError(
+                f"checkpoint {self.dir.parent}: its optimizer states are in DeepSpeed's NVMe "
+                "swap files (model/offloaded_tensors), which only DeepSpeed reads back: resume "
+                f"it with ZeRO-3, offload_optimizer: nvme, on {self.world} rank(s)"
+            )
 
     def _frozen(self, states: dict) -> dict[str, _Frozen]:
         """The parameters outside the optimizer (a LoRA base), by name, read lazily. ZeRO-3:

@@ -3,10 +3,19 @@ optimizer step takes (CPU Adam, NVMe), from the model's shape and the options.""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from zerofit.backends.deepspeed.options import DeepSpeedOptions
-from zerofit.backends.terms import BYTES, EngineMemory, Workload
+from zerofit.backends.terms import (
+    BYTES,
+    EngineMemory,
+    HostCalls,
+    Workload,
+    block_tensors,
+    trained_tensors,
+)
 
 if TYPE_CHECKING:
     from zerofit.models.shape import ModelShape
@@ -14,12 +23,21 @@ if TYPE_CHECKING:
 # DeepSpeedCPUAdam streams ~7 x master-dtype bytes per parameter (param, grad, 2 moments read;
 # param and moments written); 42 GB/s per node fits the 13B run (bf16 states, 16 cores).
 CPU_ADAM_BW = 42e9
-NVME_BW = 3e9  # bytes/s per node
+# NVMe offload, DeepSpeed 0.19.8's defaults (`runtime/zero/offload_config.py`; zerofit sets none)
+OPT_SWAP_BUFFERS = 4  # offload_optimizer.buffer_count: pinned buffers of the largest sub-group
+OPT_SWAPPED = 4  # tensors a sub-group swaps: fp32 master, two moments, and its fp32 gradient
+PARAM_SWAP_BUFFERS = 5  # offload_param.buffer_count
+PARAM_BUFFER_SIZE = 10**8  # offload_param.buffer_size, elements a buffer
+PARAM_MAX_IN_CPU = 10**9  # offload_param.max_in_cpu: elements a rank keeps in host RAM
 RATIO_STEP = 0.05  # the planner's steps of offload_ratio
 SUB_GROUP_SIZE = 10**9  # zero_optimization.sub_group_size: DeepSpeed's default, and zerofit's
 # The finer sub-groups the planner tries with partial offload: 400 MB each in fp32. Cost assumed
 # negligible, unmeasured: see `DeepSpeed.tunings`.
 FINE_SUB_GROUP_SIZE = 10**8
+# ZeRO-1/2's optimizer step walks the trained parameters in Python this many times (gradient
+# norm, unscaling and the updated parameters' copy-back, beside the bucket bookkeeping), each
+# walk a hook call a tensor (planner.speed): fitted on the 2026-12-04 held-out ZeRO-1 row
+ZERO12_STEP_PASSES = 2
 NORM_CHUNK = 250_000_000  # stage3._constant_buffered_norm2: elements per fp64 norm chunk
 
 
@@ -32,18 +50,76 @@ def grad_bytes(w: Workload) -> int:
 def offloaded(
     mem: EngineMemory, m: ModelShape, w: Workload, opts: DeepSpeedOptions, opt: float, grads: float
 ) -> tuple[float, float]:
-    """ZeRO-1/2 (and ZeRO-3 to NVMe): the optimizer states and gradients that move to the host or
-    to NVMe; returns what stays on the GPU."""
-    if opts.offload_optimizer == "cpu":
+    """ZeRO-1/2: the optimizer states and gradients that move to the host (DeepSpeed 0.19.8's
+    stage_1_and_2 offloads an "nvme" optimizer as a "cpu" one; zerofit refuses it); returns
+    what stays on the GPU."""
+    if opts.offload_optimizer != "none":  # ZeRO-1/2 keep an "nvme" optimizer in host RAM too
         r = cpu_share(m, w, opts)
         mem.host += r * (opt + grads)
         return (1 - r) * opt, (1 - r) * grads
-    if opts.offload_optimizer == "nvme":
-        mem.nvme += opt
-        part = w.world_size if opts.stage >= 1 else 1
-        mem.host += grads + m.num_params * w.e_m / part  # staging buffers for the swapped states
-        return 0.0, 0.0
     return opt, grads
+
+
+@dataclass(frozen=True)
+class NvmeTerms:
+    """One rank's NVMe offload, in bytes (`nvme_terms`)."""
+
+    disk: float = 0.0  # swap files on the disk
+    host: float = 0.0  # host RAM: pinned swap buffers, the parameters kept in host RAM
+    step_read: float = 0.0  # read from the disk once per optimizer step
+    step_write: float = 0.0  # written once per optimizer step
+    micro_read: float = 0.0  # read every micro-batch: parameters fetched in forward and backward
+
+
+def nvme_terms(m: ModelShape, w: Workload, opts: DeepSpeedOptions) -> NvmeTerms:
+    """What NVMe offload puts on the disk and moves per step, from DeepSpeed 0.19.8's ZeRO-3
+    (`runtime/swap_tensor/`). Checked on CPU, 2 ranks, a 8.9M-parameter model with optimizer and
+    parameters on the disk (max_in_cpu 0): its swap files were these bytes less the tensors
+    under 1 MiB (132.1 MB of optimizer files for 142.7 MB here; a 1.8M one, whose gradients all
+    stay in RAM, read and wrote 24.5 MB a step for 29.4). Optimizer: each sub-group's fp32 master, two moments and, written at the step's
+    boundary, its fp32 gradient, each a swap file (OPT_SWAPPED); the step reads all four and
+    writes back three, one sub-group at a time through OPT_SWAP_BUFFERS pinned buffers of the
+    largest. Parameters: every partition is written at zero.Init; the first PARAM_MAX_IN_CPU
+    elements a rank holds are kept in host RAM too and fetched from there, the rest is read from
+    the disk in forward and again in backward, and written back after each step when it trains.
+    Tensors under DeepSpeed's 1 MiB swap threshold stay in host RAM (not counted)."""
+    W, T = w.world_size, w.trained(m.num_params)
+    local, disk, host = T / W, 0.0, 0.0
+    read = write = micro = 0.0
+    if opts.offload_optimizer == "nvme":
+        largest = min(max(sub_groups(m, w, opts.sub_group_size)), local)
+        disk += OPT_SWAPPED * local * w.e_m
+        host += OPT_SWAP_BUFFERS * largest * w.e_m
+        read += OPT_SWAPPED * local * w.e_m
+        write += OPT_SWAPPED * local * w.e_m  # the gradient, then master and moments
+    if opts.offload_param == "nvme":
+        params = (m.num_params + (T if w.lora else 0)) / W
+        swapped = max(0.0, params - PARAM_MAX_IN_CPU)  # fetched from the disk
+        disk += params * w.e_c
+        count, size = param_swap_buffers(m, W, opts.sub_group_size)
+        host += (params - swapped + count * size) * w.e_c
+        micro += 2 * swapped * w.e_c
+        write += swapped * w.e_c * (local / params)  # the trained share, after the step
+    return NvmeTerms(disk, host, read, write, micro)
+
+
+BLOCK_TENSORS = 9  # a decoder block's parameters: q, k, v, o, three FFN matrices, two norms
+
+
+def param_swap_buffers(m: ModelShape, world_size: int, sub_group_size: int) -> tuple[int, int]:
+    """(buffer_count, buffer_size) of `offload_param` on NVMe, where DeepSpeed 0.19.8's defaults
+    (PARAM_SWAP_BUFFERS of PARAM_BUFFER_SIZE) fail. Each swapped partition takes a whole buffer
+    (`partitioned_param_swapper.get_buffer` asserts it fits: a 3B model's embedding on one GPU is
+    3.9x the default), and with the optimizer on NVMe too the buffers also stage each optimizer
+    sub-group's parameters (`_initialize_from_swapped_fp16_params` asserts they hold the
+    largest). A block is gathered whole (leaf modules) while the next one is fetched ahead:
+    two blocks' tensors, the embedding, the head and one spare."""
+    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    largest = max(m.embedding_params, m.dim * max(m.ffn_dim, q, kv))
+    partition = -(-largest // world_size)
+    groups = sub_groups(m, Workload(1, 1, world_size), sub_group_size)
+    size = max(PARAM_BUFFER_SIZE, partition, math.ceil(max(groups)))
+    return max(PARAM_SWAP_BUFFERS, 2 * BLOCK_TENSORS + 3), size
 
 
 def _norm_copy(m: ModelShape) -> float:
@@ -87,9 +163,10 @@ def stage3_phases(
     grads, opt = local * w.e_c, 3 * local * w.e_m  # flat gradient partitions in the model dtype
     reduce = (w.e_r + w.e_c) * bucket + 2 * m.block_params * w.e_c  # 1st reduction's copies
     groups = sub_groups(m, w, opts.sub_group_size)
-    if opts.offload_optimizer == "cpu":
+    if opts.offload_optimizer != "none":  # NVMe: the same on the GPU, the states on the disk
         r = cpu_share(m, w, opts)
-        mem.host += grads + r * local * 4 * w.e_m  # partitions pinned; master, moments, grads
+        kept = r * local * 4 * w.e_m if opts.offload_optimizer == "cpu" else 0.0
+        mem.host += grads + kept  # partitions pinned; master, moments, grads
         gpu = groups[: int((1 - opts.offload_ratio) * len(groups))]
         mem.step_buffers = 4 * max(gpu, default=0.0)
         norm = max(8 * min(head, NORM_CHUNK), 4 * head)  # the head's fp64 norm or fp32 cast
@@ -136,7 +213,8 @@ def sub_groups(m: ModelShape, w: Workload, size: int = SUB_GROUP_SIZE) -> list[f
 
 def cpu_share(m: ModelShape, w: Workload, opts: DeepSpeedOptions) -> float:
     """The share of the optimizer (master weights, moments, fp32 gradients) DeepSpeed keeps off
-    the GPU: whole sub-groups from int((1 - offload_ratio) x their count) on; 0 without offload."""
+    the GPU (in host RAM, or on NVMe): whole sub-groups from int((1 - offload_ratio) x their
+    count) on; 0 without offload."""
     if opts.offload_optimizer == "none":
         return 0.0
     if opts.offload_optimizer != "cpu" or opts.stage != 3:
@@ -152,3 +230,16 @@ def elements(n: int) -> str:
         if n >= scale and n % scale == 0:
             return f"{n // scale}{unit}"
     return f"{n:,}"
+
+
+def host_calls(m: ModelShape, w: Workload, opts: DeepSpeedOptions) -> HostCalls:
+    """DeepSpeed's Python hooks (`zerofit.planner.speed.host_seconds`). ZeRO-3: every module
+    holding parameters fetches them before forward and backward and releases them after (4
+    calls), and every trained tensor's gradient hook reduces it; ZeRO-1/2: the gradient hooks
+    each micro-batch, and ZERO12_STEP_PASSES walks over the trained tensors each step."""
+    root = 2 if m.tied_embeddings else 3
+    trained = trained_tensors(m.n_layers, root, w)
+    if opts.stage == 3:
+        modules = m.n_layers * block_tensors(w) + root
+        return HostCalls(4 * modules + trained)
+    return HostCalls(trained, ZERO12_STEP_PASSES * trained)

@@ -1,9 +1,12 @@
-"""zerofit config <-> DeepSpeed JSON: one explicit table, the merge with a user's ds_config.json.
+"""zerofit config <-> DeepSpeed JSON: one explicit table, and the JSON a run is initialised with.
 
 `TABLE` is the only place that knows which zerofit field is which DeepSpeed JSON path. From it:
-- `to_ds_json(cfg, world_size)` writes the JSON DeepSpeed is initialised with;
-- `merge_user_json(cfg, world_size)` adopts the values of a user's JSON into the zerofit config, and
-  rejects a value the two disagree on, naming both.
+- `own_json(cfg, world_size)` writes zerofit's own JSON for a (resolved) config;
+- `resolve_ds_json(cfg, world_size)` completes a user's file (`parallel.deepspeed.config`) from it
+  (`fill.fill_json`: "auto" replaced, left-out keys added, each change recorded) and
+  `to_ds_json` is its JSON, what DeepSpeed is initialised with;
+- `merge.merge_user_json` adopts the file's values into the zerofit config beforehand, so the
+  two agree (a value both set differently is refused, naming both).
 JSON keys the table does not own (round_robin_gradients, ...) pass through unchanged.
 """
 
@@ -15,11 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerofit.config import Config, compiles, deep_merge, explicit_keys, get_field, with_fields
+from zerofit.backends.deepspeed.costs import param_swap_buffers
+from zerofit.backends.deepspeed.fill import Resolved, fill_json
+from zerofit.backends.deepspeed.json_paths import put
+from zerofit.config import Config, compiles, get_field
 from zerofit.config.limits import shown
 from zerofit.errors import UserError
+from zerofit.models.shape import shape_from_config
 
-_MISSING = object()
 SKIP = object()  # from_ds result: this JSON value says nothing about the zerofit field
 
 
@@ -72,7 +78,6 @@ TABLE: tuple[Row, ...] = (
     Row("optim.betas", "optimizer.params.betas", list, lambda b: tuple(float(x) for x in b)),
     Row("optim.eps", "optimizer.params.eps", from_ds=float),
     Row("optim.weight_decay", "optimizer.params.weight_decay", from_ds=float),
-    Row(_DS + "torch_adam", "optimizer.params.torch_adam"),
     Row("precision.param_dtype", "fp16.enabled", _fp16_to, _fp16_from),
     Row("precision.param_dtype", "bf16.enabled", _bf16_to, _bf16_from),
     Row("precision.reduce_dtype", "communication_data_type"),
@@ -133,20 +138,12 @@ TABLE: tuple[Row, ...] = (
 )
 
 
-def _get(tree: dict[str, Any], dotted: str) -> Any:
-    node: Any = tree
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return _MISSING
-        node = node[part]
-    return node
-
-
-def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    for part in parents:
-        tree = tree.setdefault(part, {})
-    tree[leaf] = value
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    twice = next((k for k in keys if keys.count(k) > 1), None)
+    if twice is not None:  # json.loads would keep the last silently; DeepSpeed refuses it
+        raise ValueError(f"key {twice!r} appears twice in one object")
+    return dict(pairs)
 
 
 def read_user_json(path: str) -> dict[str, Any]:
@@ -154,100 +151,67 @@ def read_user_json(path: str) -> dict[str, Any]:
     if not p.is_file():
         raise UserError(f"parallel.deepspeed.config: file not found: {shown(p, quote=False)}")
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(p.read_bytes(), object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as e:
         raise UserError(
             f"bad JSON in {shown(p, quote=False)} at line {e.lineno}, column {e.colno}: {e.msg}"
         ) from None
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, or a key given twice
+        raise UserError(f"bad JSON in {shown(p, quote=False)}: {e}") from None
     if not isinstance(data, dict):
-        raise UserError(f"{p}: the top level must be a JSON object")
+        raise UserError(f"{shown(p, quote=False)}: the top level must be a JSON object")
     return data
 
 
-def to_ds_json(cfg: Config, world_size: int) -> dict[str, Any]:
-    """The DeepSpeed config a (precision-resolved) zerofit config turns into."""
-    user = read_user_json(cfg.parallel.deepspeed.config) if cfg.parallel.deepspeed.config else {}
-    t = cfg.train
+def own_json(cfg: Config, world_size: int) -> dict[str, Any]:
+    """The DeepSpeed config zerofit writes for a (precision-resolved) zerofit config."""
+    t, ds = cfg.train, cfg.parallel.deepspeed
+    params: dict[str, Any] = {} if ds.torch_adam is None else {"torch_adam": ds.torch_adam}
     ours: dict[str, Any] = {
         "train_batch_size": t.micro_batch_size * t.grad_accum_steps * world_size,
-        "optimizer": {"type": "AdamW", "params": {}},
+        "optimizer": {"type": "AdamW", "params": params},  # torch_adam: in zerofit's block only
         "steps_per_print": 2**31 - 1,  # zerofit logs; keep DeepSpeed's own step log quiet
         "wall_clock_breakdown": False,
     }
     for row in TABLE:
-        if row.when(cfg):
-            _set(ours, row.path, row.to_ds(get_field(cfg, row.field)))
+        value = row.to_ds(get_field(cfg, row.field)) if row.when(cfg) else None
+        if value is not None:  # None: DeepSpeed's default (nvme_path without NVMe)
+            put(ours, row.path, value)
     if _fp16(cfg):
-        _set(ours, "fp16.loss_scale", 0)  # 0 = dynamic
-    if _stage3(cfg) and (cfg.parallel.activation_checkpointing != "none" or compiles(cfg.parallel)):
+        put(ours, "fp16.loss_scale", 0)  # 0 = dynamic
+    if needs_plain_linear(cfg):
         # ZeRO-3's memory-efficient linear fails inside activation-checkpoint recomputation
         # (SystemError from LinearFunctionForZeroStage3.apply, seen on an H200 with DeepSpeed 0.19.8),
         # and under torch.compile Dynamo would trace its ZeRO parameter checks into every block.
-        _set(ours, "zero_optimization.memory_efficient_linear", False)
-    if cfg.parallel.deepspeed.torch_adam and (_offload_opt(cfg) or _offload_param(cfg)):
+        put(ours, "zero_optimization.memory_efficient_linear", False)
+    if torch_adam_offloaded(cfg):
         ours["zero_force_ds_cpu_optimizer"] = False  # allow torch AdamW on offloaded states
-    return deep_merge(user, ours)
+    if _stage3(cfg) and ds.offload_param == "nvme":  # DeepSpeed's 5 x 1e8 hold no large partition
+        count, size = param_swap_buffers(shape_from_config(cfg), world_size, ds.sub_group_size)
+        put(ours, "zero_optimization.offload_param.buffer_count", count)
+        put(ours, "zero_optimization.offload_param.buffer_size", size)
+    return ours
 
 
-def merge_user_json(cfg: Config, world_size: int) -> Config:
-    """Adopt a user's ds_config.json into `cfg`; a value both set differently is an error."""
+def needs_plain_linear(cfg: Config) -> bool:
+    """ZeRO-3 under activation checkpointing or compile: memory_efficient_linear must be off."""
+    return _stage3(cfg) and (
+        cfg.parallel.activation_checkpointing != "none" or compiles(cfg.parallel)
+    )
+
+
+def torch_adam_offloaded(cfg: Config) -> bool:
+    """torch's AdamW on offloaded states: DeepSpeed must not insist on its CPU Adam."""
+    return bool(cfg.parallel.deepspeed.torch_adam) and (_offload_opt(cfg) or _offload_param(cfg))
+
+
+def resolve_ds_json(cfg: Config, world_size: int) -> Resolved:
+    """The user's JSON (if any) completed from zerofit's, with what was filled in."""
     path = cfg.parallel.deepspeed.config
-    if not path:
-        return cfg
-    user = read_user_json(path)
-    explicit = explicit_keys(cfg)
-    updates: dict[str, Any] = {}
-    for row in TABLE:
-        raw = _get(user, row.path)
-        if raw is _MISSING:
-            continue
-        try:
-            value = row.from_ds(raw)
-        except (TypeError, ValueError):
-            raise UserError(f"{path}: {row.path}={raw!r} is not valid") from None
-        if value is SKIP:
-            continue
-        current = updates.get(row.field, get_field(cfg, row.field))
-        if value != current and (row.field in explicit or row.field in updates):
-            raise UserError(
-                f"{row.field}={current!r} in the config but {row.path}={raw!r} in {path}"
-            )
-        updates[row.field] = value
-    if "precision.param_dtype" in updates and "precision.mode" not in explicit:
-        updates["precision.mode"] = updates["precision.param_dtype"]
-    opt_type = _get(user, "optimizer.type")
-    if opt_type is not _MISSING and str(opt_type).lower() not in ("adam", "adamw"):
-        raise UserError(
-            f"{path}: optimizer.type={opt_type!r}; zerofit's optim section is AdamW (use Adam or AdamW)"
-        )
-    if "scheduler" in user:
-        raise UserError(
-            f"{path}: has a scheduler; zerofit's schedule comes from optim.warmup_steps and optim.min_lr_ratio, remove it"
-        )
-    cfg = with_fields(cfg, updates) if updates else cfg
-    return _check_batch(cfg, user, path, world_size, explicit | set(updates))
+    return fill_json(read_user_json(path) if path else {}, own_json(cfg, world_size))
 
 
-def _check_batch(
-    cfg: Config, user: dict[str, Any], path: str, world: int, known: set[str]
-) -> Config:
-    """train_batch_size must equal micro x accum x world; derive the micro-batch when only it is given."""
-    total = _get(user, "train_batch_size")
-    if total is _MISSING:
-        return cfg
-    t = cfg.train
-    if "train.micro_batch_size" not in known:
-        micro, rem = divmod(int(total), t.grad_accum_steps * world)
-        if rem or micro < 1:
-            raise UserError(
-                f"{path}: train_batch_size={total} is not divisible by grad_accum_steps={t.grad_accum_steps} x world size={world}"
-            )
-        cfg = with_fields(cfg, {"train.micro_batch_size": micro})
-        t = cfg.train
-    expected = t.micro_batch_size * t.grad_accum_steps * world
-    if int(total) != expected:
-        raise UserError(
-            f"train_batch_size={total} in {path} but micro_batch_size={t.micro_batch_size} x "
-            f"grad_accum_steps={t.grad_accum_steps} x world size={world} = {expected}"
-        )
-    return cfg
+def to_ds_json(cfg: Config, world_size: int) -> dict[str, Any]:
+    """The JSON DeepSpeed is initialised with (the config already merged with the user's file,
+    `merge.merge_user_json`, so every value zerofit fills agrees with the file)."""
+    return resolve_ds_json(cfg, world_size).json

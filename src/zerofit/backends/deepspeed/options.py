@@ -1,6 +1,7 @@
 """`parallel.deepspeed.*`: DeepSpeed ZeRO's options (no torch or deepspeed imports here).
 
-Each field maps to one DeepSpeed JSON path: `zerofit.backends.deepspeed.ds_json.TABLE`.
+Each field maps to one DeepSpeed JSON path: `zerofit.backends.deepspeed.ds_json.TABLE` (torch_adam:
+in zerofit's own optimizer block only; config and leaf_blocks: none).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ class DeepSpeedOptions:
         Int,
         doc(
             "stage 3: elements per rank of each optimizer sub-group, the unit offload_ratio "
-            "places on the GPU or the CPU (DeepSpeed's default, 1e9)",
-            **_ELEMENTS,
+            "places on the GPU or the CPU (DeepSpeed's default, 1e9; 0: one per parameter)",
+            **_COUNT,
         ),
     ] = 1_000_000_000
     offload_param: A[Offload, doc("stage 3: where parameters live")] = "none"

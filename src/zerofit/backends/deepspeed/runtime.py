@@ -18,10 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from zerofit.backends.base import Backend, Gate, materialize_from_spec
+from zerofit.backends.base import DTYPE, Backend, Gate, materialize_from_spec
+from zerofit.backends.deepspeed import nvme_runtime as nvme
 from zerofit.backends.deepspeed.checkpoint import load_ds_file
 from zerofit.backends.deepspeed.ds_json import to_ds_json
-from zerofit.backends.torch_common import param_groups
+from zerofit.backends.torch_common import frozen_, param_groups
 from zerofit.checkpoint.neutral import (
     MODEL,
     MOMENTS,
@@ -89,6 +90,8 @@ class DeepSpeedBackend(Backend):
             dist_backend="nccl" if self.ctx.device.type == "cuda" else "gloo"
         )
         stage = self.parallel.deepspeed.stage
+        if stage == 3 and self.parallel.deepspeed.offload_param == "nvme":
+            nvme.dedupe_swap_ins()
         if stage == 3:
             with deepspeed.zero.Init(config_dict_or_path=self.ds_json):
                 module = spec.construct()
@@ -117,9 +120,40 @@ class DeepSpeedBackend(Backend):
             config=self.ds_json,
         )
         if self.precision.param_dtype != "fp32" and self.precision.master_dtype == "fp32":
-            _init_params_(engine.module, self.ctx.rank, init_seed, spec, masters=True)
+            with nvme.swapped_masters(optimizer) as set_master:  # NVMe: a sub-group read once
+                _init_params_(engine.module, self.ctx.rank, init_seed, spec, True, set_master)
         self.model, self.optimizer = engine, optimizer
         self._last = True
+
+    def wrap_frozen(self, spec: ModelSpec, init_seed: int) -> nn.Module:
+        """ZeRO-3: partitioned like the policy, built inside ``zero.Init`` and filled partition by
+        partition, then handed to a second DeepSpeed engine without an optimizer (DeepSpeed's
+        ZeRO-Inference: it gathers each module's parameters around its forward, with the
+        policy's parameter offload). Stages 0-2 shard no parameters: the copy is replicated, in
+        the compute dtype DeepSpeed holds the policy's module in."""
+        stage, compiled = self.parallel.deepspeed.stage, self.parallel.compile
+        if stage < 3:
+            module = frozen_(spec.module, DTYPE[self.precision.param_dtype])
+            if compiled:
+                apply_compile(get_blocks(module, spec.blocks_path))
+            materialize_from_spec(module, self.ctx.device, spec, init_seed)
+            return module.eval()
+        deepspeed, ds_json = _deepspeed(), frozen_json(self.ds_json)
+        with quiet.deepspeed_setup():
+            with deepspeed.zero.Init(config_dict_or_path=ds_json):
+                module = spec.construct()
+            module.requires_grad_(False)
+            _init_params_(module, self.ctx.rank, init_seed, spec, masters=False)
+            blocks = get_blocks(module, spec.blocks_path)
+            if self.parallel.deepspeed.leaf_blocks:
+                from deepspeed.utils import set_z3_leaf_modules  # optional: deepspeed
+
+                set_z3_leaf_modules(module, [type(blocks[0])])
+            if compiled:
+                apply_compile_forward(blocks)
+            engine, *_ = deepspeed.initialize(model=module, config=ds_json)
+        engine.eval()  # DeepSpeed's returns None
+        return engine
 
     @contextlib.contextmanager
     def micro_step(self, is_last: bool) -> Iterator[None]:
@@ -205,6 +239,8 @@ class DeepSpeedBackend(Backend):
         )
         if loaded is None:
             raise UserError(f"DeepSpeed could not load the checkpoint in {path}")
+        if self.parallel.deepspeed.offload_optimizer == "nvme":  # what DeepSpeed's load skips
+            nvme.restore_unswapped_(self.optimizer, path, self.ctx.rank, load)
 
     def _load_neutral(self, view: NeutralView) -> None:
         from deepspeed.utils import safe_set_full_optimizer_state  # optional: deepspeed
@@ -244,24 +280,45 @@ class DeepSpeedBackend(Backend):
                 yield name, p.numel(), p.numel()
 
 
+def frozen_json(ds_json: dict[str, Any]) -> dict[str, Any]:
+    """The policy's DeepSpeed JSON for a model without an optimizer: no optimizer, scheduler or
+    optimizer offload; the rest (ZeRO-3, dtype, parameter offload) as the policy's, but NVMe
+    swap files in a folder of their own (DeepSpeed empties its swap folder when it starts)."""
+    out = {k: v for k, v in ds_json.items() if k not in ("optimizer", "scheduler")}
+    out.pop("zero_force_ds_cpu_optimizer", None)
+    zero = dict(out.get("zero_optimization", {}))
+    zero.pop("offload_optimizer", None)
+    param = dict(zero.get("offload_param") or {})
+    if param.get("nvme_path"):
+        param["nvme_path"] = os.path.join(param["nvme_path"], "dpo_reference")
+        zero["offload_param"] = param
+    out["zero_optimization"] = zero
+    return out
+
+
 @torch.no_grad()
-def _set_full_param_(p: nn.Parameter, full: torch.Tensor, rank: int, masters: bool = True) -> None:
+def _set_full_param_(
+    p: nn.Parameter, full: torch.Tensor, rank: int, masters: bool = True, set_master: Any = None
+) -> None:
     """Set one parameter everywhere DeepSpeed keeps it, from its full tensor: the module's copy
     (this rank's ZeRO-3 partition, or the whole tensor) and, once the optimizer exists
-    (``masters``), its fp32 master."""
+    (``masters``), its fp32 master (through ``set_master(p, full, rank)`` when given)."""
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus  # optional: deepspeed
     from deepspeed.utils import safe_set_full_fp32_param  # optional: deepspeed
 
     if hasattr(p, "ds_tensor"):
         size = p.ds_tensor.ds_numel
         local = full.flatten()[rank * size : (rank + 1) * size]
-        p.ds_tensor.data.zero_()
-        p.ds_tensor.data[: local.numel()].copy_(local)
+        with nvme.on_disk_partition(p):  # offload_param: nvme keeps it on the disk
+            p.ds_tensor.data.zero_()
+            p.ds_tensor.data[: local.numel()].copy_(local)
         if p.ds_status == ZeroParamStatus.AVAILABLE:  # persistent (small) params are kept whole
             p.data.copy_(full)
     else:
         p.data.copy_(full)
-    if masters:
+    if masters and set_master is not None:
+        set_master(p, full, rank)
+    elif masters:
         safe_set_full_fp32_param(p, full)
 
 
@@ -309,7 +366,12 @@ def _set_optimizer_step_(optimizer: object, step: float) -> None:
 
 @torch.no_grad()
 def _init_params_(
-    module: nn.Module, rank: int, init_seed: int, spec: ModelSpec, masters: bool
+    module: nn.Module,
+    rank: int,
+    init_seed: int,
+    spec: ModelSpec,
+    masters: bool,
+    set_master: Any = None,
 ) -> None:
     """Every parameter from its full, name-seeded init (or the model's weights), one at a time.
 
@@ -330,7 +392,7 @@ def _init_params_(
             init_param_=spec.init_param_,
             weights=spec.weights,
         )
-        _set_full_param_(p, full, rank, masters)
+        _set_full_param_(p, full, rank, masters, set_master)
 
 
 BACKEND = DeepSpeedBackend

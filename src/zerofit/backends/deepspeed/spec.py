@@ -52,34 +52,53 @@ within 5%.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from zerofit.backends.deepspeed.costs import (
     CPU_ADAM_BW,
     FINE_SUB_GROUP_SIZE,
-    NVME_BW,
     RATIO_STEP,
     SUB_GROUP_SIZE,
+    NvmeTerms,
     cpu_share,
     elements,
-    grad_bytes,
+    host_calls,
+    nvme_terms,
     offloaded,
     stage3_phases,
     stage12_phases,
 )
-from zerofit.backends.deepspeed.ds_json import merge_user_json, to_ds_json
+from zerofit.backends.deepspeed.ds_json import to_ds_json
+from zerofit.backends.deepspeed.merge import merge_user_json
+from zerofit.backends.deepspeed.nvme import check_aio, check_nvme_path
 from zerofit.backends.deepspeed.options import DeepSpeedOptions
-from zerofit.backends.engine import Engine
-from zerofit.backends.terms import EngineMemory, OffloadTime, Traffic, Workload
+from zerofit.backends.deepspeed.pre_launch import launch_check, unsupported_dtype
+from zerofit.backends.engine import Engine, LaunchCheck
+from zerofit.backends.terms import EngineMemory, HostCalls, OffloadTime, Traffic, Workload
 from zerofit.config import check_path, with_fields
+from zerofit.config.sizes import human_bytes
 from zerofit.errors import UserError
 
 if TYPE_CHECKING:
     from zerofit.config import Config
     from zerofit.models.shape import ModelShape
     from zerofit.planner.shape import Hardware
+
+
+def dtype_supported(dtype: str) -> bool:
+    """Whether DeepSpeed's accelerator here computes in `dtype` (fp16 or bf16)."""
+    return fp16_supported() if dtype == "fp16" else bf16_supported()
+
+
+def bf16_supported() -> bool:
+    """Whether DeepSpeed's accelerator here runs bf16 (HF checks it before filling "auto")."""
+    try:
+        from deepspeed.accelerator import get_accelerator  # optional: deepspeed
+    except ImportError:
+        return True
+    return bool(get_accelerator().is_bf16_supported())
 
 
 def fp16_supported() -> bool:
@@ -99,6 +118,7 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
     checkpoint_format = "deepspeed"
     checkpoint_reader = "zerofit.backends.deepspeed.checkpoint:ZeroCheckpointReader"
     library = "deepspeed"
+    nvme_dir_key = "parallel.deepspeed.nvme_path"
     file_command = "ds-config"
     file_help = "print the DeepSpeed JSON a config turns into"
     plan_keys = ("stage", "offload_optimizer", "offload_param", "offload_ratio", "sub_group_size")
@@ -123,6 +143,11 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
 
     def render_file(self, cfg: Config, world_size: int) -> str:
         return json.dumps(to_ds_json(cfg, world_size), indent=2)
+
+    def launch_check(self, cfg: Config, world_size: int) -> LaunchCheck:
+        """The resolved JSON (kept as the run folder's ds_config.json); a user's file checked by
+        DeepSpeed's own config models, and what zerofit made of it, as notes (`pre_launch`)."""
+        return launch_check(cfg, world_size)
 
     def check_options(self, opts: DeepSpeedOptions) -> None:
         check_path("parallel.deepspeed.config", opts.config)
@@ -149,6 +174,11 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
             raise UserError(f"parallel.deepspeed.offload_param needs stage 3 (stage is {ds.stage})")
         if "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path:
             raise UserError("nvme offload needs parallel.deepspeed.nvme_path")
+        if ds.stage < 3 and ds.offload_optimizer == "nvme":  # 0.19.8: stage_1_and_2.cpu_offload
+            raise UserError(
+                f"parallel.deepspeed.offload_optimizer: nvme needs stage 3 (stage is {ds.stage}): "
+                f"DeepSpeed's ZeRO-{ds.stage} keeps such an optimizer in host RAM, as with cpu"
+            )
         if ds.offload_ratio != 1.0 and (ds.stage != 3 or ds.offload_optimizer != "cpu"):
             raise UserError(
                 "parallel.deepspeed.offload_ratio needs stage 3 with offload_optimizer: cpu"
@@ -159,11 +189,11 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
                 f"deepspeed keeps master weights in fp32, or in bf16 with bf16 compute; got "
                 f"precision.master_dtype={prec.master_dtype}, param_dtype={prec.param_dtype}"
             )
-        if prec.param_dtype == "fp16" and not fp16_supported():
-            raise UserError(
-                f"fp16 compute (precision.param_dtype, or the DeepSpeed JSON's fp16 section) is not "
-                f"supported by DeepSpeed on this {device_type.upper()}; use bf16 or fp32"
-            )
+        # bf16 is checked for a user's file only (whose validation imports DeepSpeed anyway):
+        # zerofit's own bf16 default is for GPUs that run it, and `ds-config` imports no torch
+        checked = prec.param_dtype == "fp16" or (prec.param_dtype == "bf16" and ds.config)
+        if checked and not dtype_supported(prec.param_dtype):
+            raise unsupported_dtype(cfg, device_type)
         # Partial offload (Twin-Flow) steps the CPU share with DeepSpeedCPUAdam only (DeepSpeed
         # 0.19.8 asserts it: "Hybrid Optimizer Only Supports DeepSpeedCPUAdam").
         hybrid = ds.offload_ratio < 1
@@ -177,6 +207,21 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
             cfg = with_fields(cfg, {"parallel.deepspeed.torch_adam": torch_adam})
         return cfg
 
+    def check_machine(
+        self, cfg: Config, planned: Callable[[], EngineMemory], local_ranks: int
+    ) -> None:
+        """NVMe offload: DeepSpeed's async_io op must build here, and nvme_path must take this
+        node's swap files (`nvme`'s module docstring)."""
+        ds = cfg.parallel.deepspeed
+        keys = ("offload_optimizer", "offload_param")
+        on_nvme = [f"parallel.deepspeed.{k}: nvme" for k in keys if getattr(ds, k) == "nvme"]
+        if not on_nvme or not ds.nvme_path:
+            return
+        check_aio(" and ".join(on_nvme))
+        per_rank = planned().nvme
+        what = f"{local_ranks} rank(s) x {human_bytes(per_rank)} of {' and '.join(on_nvme)}"
+        check_nvme_path(ds.nvme_path, per_rank * local_ranks, what)
+
     def candidates(self, base: DeepSpeedOptions, nodes: int, nvme: bool) -> list[DeepSpeedOptions]:
         plain = replace(
             base, stage=3, offload_optimizer="none", offload_param="none", offload_ratio=1.0
@@ -184,8 +229,10 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
         out = [replace(plain, stage=stage) for stage in (1, 2, 3)]
         out.append(replace(plain, offload_optimizer="cpu"))
         out.append(replace(plain, offload_optimizer="cpu", offload_param="cpu"))
-        if nvme:
-            out.append(replace(plain, offload_optimizer="nvme", offload_param="cpu"))
+        if nvme:  # sub-groups of FINE_SUB_GROUP_SIZE: its pinned swap buffers hold 4 of them
+            swap = replace(plain, offload_optimizer="nvme", sub_group_size=FINE_SUB_GROUP_SIZE)
+            size = min(base.sub_group_size, FINE_SUB_GROUP_SIZE)
+            out += [replace(swap, offload_param=p, sub_group_size=size) for p in ("cpu", "nvme")]
         return out
 
     def tunings(self, opts: DeepSpeedOptions) -> list[DeepSpeedOptions]:
@@ -216,7 +263,8 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
         if opts.offload_optimizer != "none":
             share = f" {opts.offload_ratio:.0%}" if opts.offload_ratio < 1 else ""
             name += f" + optim{share}->{opts.offload_optimizer}"
-            if share and opts.sub_group_size != SUB_GROUP_SIZE:
+            fine = share or opts.offload_optimizer == "nvme"
+            if fine and opts.sub_group_size != SUB_GROUP_SIZE:
                 name += f" ({elements(opts.sub_group_size)} sub-groups)"
         if opts.offload_param != "none":
             name += f" + params->{opts.offload_param}"
@@ -233,19 +281,23 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
             persistent_grads=True,  # DeepSpeed allocates its gradient partitions up front
             buffers=bucket * w.e_c,
         )
-        if stage == 3 and opts.offload_optimizer != "nvme":
-            opt, grads = stage3_phases(mem, m, w, opts, bucket)  # places a CPU offload too
+        if stage == 3:
+            opt, grads = stage3_phases(mem, m, w, opts, bucket)  # places CPU and NVMe offload
         else:
-            if stage == 3:  # with NVMe offload: the terms before the source reading
-                grads = T * grad_bytes(w) / W
-                mem.buffers += (2 * m.block_params + m.vocab_size * m.dim) * w.e_c  # gathered
-            else:
-                grads = stage12_phases(mem, m, w, opts, bucket)
+            grads = stage12_phases(mem, m, w, opts, bucket)
             opt, grads = offloaded(mem, m, w, opts, opt, grads)
+        if w.reference_copy:  # DPO's frozen copy: partitioned at stage 3, else whole
+            mem.parameters += w.copy_bytes(P, W if stage == 3 else 1)
+            gathers = stage == 3 and (W > 1 or opts.offload_param != "none")
+            mem.reference_buffers = (
+                (2 * m.block_params + m.vocab_size * m.dim) * w.e_c if gathers else 0.0
+            )
         if stage == 3 and opts.offload_param != "none":
-            where = "host" if opts.offload_param == "cpu" else "nvme"
-            setattr(mem, where, getattr(mem, where) + mem.parameters)
+            mem.host += mem.parameters if opts.offload_param == "cpu" else 0.0
             mem.parameters = 0.0
+        if stage == 3:  # the swap files and their host buffers (`nvme_terms`)
+            disk = nvme_terms(m, w, opts)
+            mem.nvme, mem.host = mem.nvme + disk.disk, mem.host + disk.host
         mem.optimizer_states, mem.gradients = opt, grads
         return mem
 
@@ -253,7 +305,10 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
         P, W = m.num_params, w.world_size
         T = w.trained(P)
         if opts.stage == 3:  # parameters gathered in forward and backward, gradients scattered
-            return Traffic((2 * P * w.e_c * w.grad_accum_steps + T * w.e_r) if W > 1 else 0.0, W)
+            passes = 3 if w.reference_copy else 2  # + DPO's frozen copy, in its forward
+            return Traffic(
+                (passes * P * w.e_c * w.grad_accum_steps + T * w.e_r) if W > 1 else 0.0, W
+            )
         return Traffic(T * (w.e_r + w.e_c), W)  # reduce-scatter grads, all-gather new params
 
     def offload_seconds(
@@ -269,13 +324,26 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
             grads = local * w.e_c / hw.pcie_bw  # each way: to the GPU, accumulated, back
             step += moved * gpus * 7 * w.e_m / CPU_ADAM_BW
             step += moved * (w.e_m + (0 if params_on_host else w.e_c)) / hw.pcie_bw
-            if opts.offload_optimizer == "nvme":
-                step += 2 * local * gpus * 3 * w.e_m / NVME_BW
         if params_on_host:  # each rank fetches its partition in forward and again in backward
-            fetches = 2 * m.num_params / w.world_size * w.e_c / hw.pcie_bw
+            passes = 3 if w.reference_copy else 2  # + DPO's frozen copy's, in its forward
+            fetches = passes * m.num_params / w.world_size * w.e_c / hw.pcie_bw
+        # NVMe (`nvme_terms`): the node's ranks share the disk; the step swaps each sub-group
+        # in and out around its Adam (no pipelining by default), the parameters read from the
+        # disk go up to the GPU as they arrive
+        disk = nvme_terms(m, w, opts) if opts.stage == 3 else NvmeTerms()
+        step += gpus * (disk.step_read / hw.nvme_read_bw + disk.step_write / hw.nvme_write_bw)
+        reads = gpus * disk.micro_read / hw.nvme_read_bw
         # the round trip is serial (one stream); PCIe is full duplex, so the fetches share only
         # the host-to-GPU direction with the gradients' way up
-        return OffloadTime(max(2 * grads, grads + fetches), step)
+        return OffloadTime(
+            max(2 * grads, grads + fetches, reads),
+            step,
+            disk_read=disk.step_read + disk.micro_read * w.grad_accum_steps,
+            disk_write=disk.step_write,
+        )
+
+    def host_calls(self, m: ModelShape, w: Workload, opts: DeepSpeedOptions) -> HostCalls:
+        return host_calls(m, w, opts)  # costs.host_calls: ZeRO's Python hooks
 
     def shard_share(self, opts: DeepSpeedOptions, world_size: int) -> float:
         return 1 / world_size if opts.stage == 3 else 1.0

@@ -7,11 +7,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from zerofit.backends.base import Gate, materialize_from_spec
 from zerofit.backends.fsdp.sharding import apply_fsdp
-from zerofit.backends.torch_common import TorchBackend, build_adamw, cast_frozen_
+from zerofit.backends.torch_common import TorchBackend, build_adamw, cast_frozen_, frozen_
 from zerofit.distributed import fp8 as fp8
 from zerofit.distributed.parallelize import apply_ac, apply_compile, get_blocks
 from zerofit.faults.nonfinite import StepResult
@@ -50,6 +51,33 @@ class FSDPBackend(TorchBackend):
         self.model = module
         self.scaler = self.make_scaler()
         self.optimizer = build_adamw(module, self.optim_cfg, init_device, offloaded=f.cpu_offload)
+
+    def wrap_frozen(self, spec: ModelSpec, init_seed: int) -> nn.Module:
+        """Sharded like the policy (the same mesh, units, prefetch and CPU offload), stored in
+        the compute dtype the policy's all-gathers cast to; every unit resharded after its
+        forward, the last block and the root too (no backward comes to reshard them)."""
+        p, f = self.parallel, self.parallel.fsdp
+        module = frozen_(spec.module, self.param_dtype)
+        blocks = get_blocks(module, spec.blocks_path)
+        if p.compile:
+            apply_compile(blocks)
+        apply_fsdp(
+            module,
+            blocks,
+            self.ctx.mesh,
+            param_dtype=self.param_dtype,
+            reduce_dtype=self.reduce_dtype,
+            reshard_after_forward=True,
+            cpu_offload=f.cpu_offload,
+            wrap=f.wrap,
+            min_num_params=f.min_num_params,
+            prefetch=f.prefetch,
+        )
+        assert isinstance(module, FSDPModule)
+        module.set_reshard_after_forward(True)  # apply_fsdp keeps the last block gathered
+        device = torch.device("cpu") if f.cpu_offload else self.ctx.device
+        materialize_from_spec(module, device, spec, init_seed)
+        return module.eval()
 
     def step(self, lr: float, loss: torch.Tensor, gate: Gate) -> StepResult:
         result = super().step(lr, loss, gate)

@@ -29,7 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 from zerofit.backends.engine import Engine
 from zerofit.backends.fsdp.options import FSDPOptions
-from zerofit.backends.terms import EngineMemory, OffloadTime, Traffic, Workload
+from zerofit.backends.terms import (
+    BLOCK_LAYERS,
+    EngineMemory,
+    HostCalls,
+    OffloadTime,
+    Traffic,
+    Workload,
+)
 from zerofit.errors import UserError
 
 if TYPE_CHECKING:
@@ -88,11 +95,14 @@ class FSDP(Engine[FSDPOptions]):
             buffers_at_end=False,
             persistent_grads=w.grad_accum_steps > 1,
         )
-        weights = (T * w.e_m + w.frozen_bytes(P)) / S
+        # + DPO's frozen copy (train.dpo.reference: copy): sharded alike, in the compute dtype
+        weights = (T * w.e_m + w.frozen_bytes(P)) / S + w.copy_bytes(P, S)
         if mem.persistent_grads:
             # Between syncs FSDP2 accumulates *unsharded* gradients (reduce dtype) on every rank,
             # on the GPU with CPU offload too (the module docstring).
             mem.held_grads = T * w.e_r
+        if w.reference_copy:  # its units gathered one after another in its forward
+            mem.reference_buffers = (2 * m.block_params + m.root_params) * w.e_c
         if opts.cpu_offload:
             mem.host = weights + 3 * T * w.e_m / S  # + gradients and AdamW's two moments
             mem.gradients = 0.0
@@ -107,7 +117,8 @@ class FSDP(Engine[FSDPOptions]):
         T = w.trained(P)
         block = m.block_params * w.e_c - w.gathered_block_bytes(m.block_params)
         gathered = P * w.e_c - m.n_layers * block  # bytes per pass
-        volume = (2 * gathered * w.grad_accum_steps + T * w.e_r) if group > 1 else 0.0
+        copy = P * w.e_c if w.reference_copy else 0.0  # DPO's frozen copy, in its forward
+        volume = ((2 * gathered + copy) * w.grad_accum_steps + T * w.e_r) if group > 1 else 0.0
         if opts.replicate_degree > 1:
             volume += 2 * T * w.e_r / group  # all-reduce of the shards across replicas
         return Traffic(volume, group)
@@ -122,11 +133,19 @@ class FSDP(Engine[FSDPOptions]):
         P, S = m.num_params, w.world_size // opts.replicate_degree
         local = w.trained(P) / w.world_size
         stored = (w.trained(P) * w.e_m + w.frozen_bytes(P)) / S  # bytes of a rank's shard
+        copy = w.copy_bytes(P, S)  # DPO's frozen copy: its shard up once, in its forward
         blocks = 2 * m.n_layers - 1 if opts.reshard_after_forward else m.n_layers
         gathers = (blocks * m.block_params + m.root_params) / P  # full passes over the model
         rate = FUSED_CPU_ADAM_BW if w.fused_optim else FOREACH_CPU_ADAM_BW
         step = local * hw.gpus_per_node * 7 * w.e_m / rate + local * w.e_m / hw.pcie_bw
-        return OffloadTime(gathers * stored / hw.pcie_bw, step)
+        return OffloadTime((gathers * stored + copy) / hw.pcie_bw, step)
+
+    def host_calls(self, m: ModelShape, w: Workload, opts: FSDPOptions) -> HostCalls:
+        """FSDP2's hooks on each unit (the blocks and the root): before and after forward and
+        backward (3 without resharding after forward), each walking its unit's parameters in
+        Python: counted as BLOCK_LAYERS hook calls a unit (the 2026-12-04 fit, planner.speed)."""
+        hooks = 4 if opts.reshard_after_forward else 3
+        return HostCalls(hooks * (m.n_layers + 1) * BLOCK_LAYERS)
 
     def shard_share(self, opts: FSDPOptions, world_size: int) -> float:
         return opts.replicate_degree / world_size

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The planner held out (issue 27, item 4): eight configurations that no planner constant was fitted
+# on, run as written with `zerofit bench` on one H100 or H200, then forecast with the checkout's
+# planner (tools/planner_residuals.py --results). One device call, under ~9 minutes:
+#   source benchmarks/device_prelude.sh && bash benchmarks/planner_heldout.sh OUT
+# (carry .whl: DeepSpeed runs four of them). The host term's fit set is
+# docs/benchmarks/data/2026-12-04-planner-heldout/a-measured.json (llama3-1b, seq 1024, 4 x 1,
+# bf16 masters, eager); none of these is that configuration, and none of their shapes, splits or
+# engine options is one a constant was fitted on:
+#   zero1-bf16     ZeRO-1, bf16 master weights and states, eager, llama3-1b at 2 x 2048, 2 micro-batches
+#   ddp-every2     DDP, every second block recomputed, eager, llama3-1b at 4 x 2048, fp32 masters
+#   zero3-cpu      ZeRO-3 with the optimizer on the CPU, eager, a 2.9B shape (32 x 2560) at 2 x 2048 x 2
+#   fsdp-eager     FSDP2 eager at 2 x 1024 x 2 on a 2.1B shape (26 x 2304): the host term's FSDP part
+#   zero2-ac       ZeRO-2 + full AC, eager, the 2.1B shape at 1 x 2048 x 2
+#   fp32-s8192     FSDP2 compiled, fp32 masters, llama3-1b at seq 8192 (1 x 8192 x 2)
+#   fsdp-compiled  FSDP2 compiled, bf16 masters, the 2.1B shape at 2 x 4096
+#   lora-first8    llama3-8b LoRA r64 (all linear layers), first 8 blocks recomputed, FSDP2
+#                  compiled, 2 x 2048 x 2
+# Each runs 3 warm-up steps (so that no timed step records CUDA allocations) and 4 timed ones.
+# Everything goes into OUT/all-results.json; the forecast table into OUT/heldout-table.md and
+# OUT/heldout-forecast.json. Commit OUT/all-results.json's groups under
+# docs/benchmarks/data/<date>-planner-heldout-<card>/ and the table in a write-up.
+set -uo pipefail
+root=${1:-heldout-out}
+deadline=${DEADLINE:-540}
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+source "$(dirname "$0")/bench_lib.sh"
+mkdir -p "$root"
+
+base=(--nproc 1 --data.source stdlib --data.tokenizer byte --data.max_tokens 1000000 --train.eval_every 0
+  --checkpoint.save_final false --precision.mode bf16 --optim.warmup_steps 2 --log.every 1000)
+s21="{dim: 2304, n_layers: 26, n_heads: 18, n_kv_heads: 6, ffn_dim: 6144}"  # 2.06B
+s29="{dim: 2560, n_layers: 32, n_heads: 20, n_kv_heads: 4, ffn_dim: 6912}"  # 2.86B
+
+left() { echo $((deadline - SECONDS)); }
+run() {  # run NAME TIMEOUT ARGS...: one bench group, skipped when the deadline is too close
+  local name=$1 limit=$2; shift 2
+  if [ "$(left)" -lt "$limit" ]; then limit=$(left); fi
+  if [ "$limit" -lt 45 ]; then echo "== $name: skipped, out of time"; return; fi
+  echo "== $name (at most ${limit}s, $(left)s left)"
+  zf_bench "$name" "$limit" 3 4 "${base[@]}" "$@"
+}
+
+zf_prebuild &  # DeepSpeed's fused and CPU Adam build while the first two (torch-only) run
+run ddp-every2 60 --model.preset llama3-1b --model.seq_len 2048 \
+  --variant "ddp AC every 2 eager 4x1: train.micro_batch_size=4 train.grad_accum_steps=1 precision.master_dtype=fp32 parallel.backend=ddp parallel.activation_checkpointing=every_k parallel.ac_every=2 parallel.compile=false"
+run fsdp-eager 60 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 1024 \
+  --variant "fsdp eager 2x2: train.micro_batch_size=2 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=fsdp parallel.compile=false"
+wait
+run zero1-bf16 75 --model.preset llama3-1b --model.seq_len 2048 \
+  --variant "zero1 bf16 states eager 2x2: train.micro_batch_size=2 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=1 parallel.compile=false"
+run zero3-cpu 110 --model.preset llama3-1b --model.overrides "$s29" --model.seq_len 2048 \
+  --variant "zero3 optim cpu eager 2x2: train.micro_batch_size=2 train.grad_accum_steps=2 precision.master_dtype=fp32 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.deepspeed.offload_optimizer=cpu parallel.compile=false"
+run zero2-ac 60 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 2048 \
+  --variant "zero2 AC eager 1x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=2 parallel.activation_checkpointing=full parallel.compile=false"
+run fp32-s8192 75 --model.preset llama3-1b --model.seq_len 8192 \
+  --variant "fsdp fp32 seq 8192 compiled 1x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=fp32 parallel.backend=fsdp parallel.compile=true"
+run fsdp-compiled 75 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 4096 \
+  --variant "fsdp compiled 2x1: train.micro_batch_size=2 train.grad_accum_steps=1 precision.master_dtype=bf16 parallel.backend=fsdp parallel.compile=true"
+run lora-first8 120 --model.preset llama3-8b --model.seq_len 2048 \
+  --variant "lora r64 first 8 compiled 2x2: train.micro_batch_size=2 train.grad_accum_steps=2 model.lora.rank=64 parallel.backend=fsdp parallel.activation_checkpointing=first_k parallel.ac_blocks=8 parallel.compile=true"
+
+python3 benchmarks/bundle_results.py "$root" "$root/all-results.json"
+python3 tools/planner_residuals.py --results "$root" --json "$root/heldout-forecast.json" \
+  > "$root/heldout-table.md" 2>&1
+tail -n 20 "$root/heldout-table.md" | cut -c1-300
+for log in "$root"/*/logs/*.log; do
+  [ -f "$log" ] || continue
+  grep -qE "^(error|Traceback)|Error" "$log" && { echo "== $log"; grep -v "^\[20" "$log" | grep -E "Error|error|Killed|memory" | tail -4 | cut -c1-400; }
+done

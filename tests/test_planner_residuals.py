@@ -1,0 +1,64 @@
+"""tools/planner_residuals.py: every committed GPU run forecast again, with and without the
+planner's host term, the fit set named. CPU only (the runs are read from docs/benchmarks/data/)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import planner_residuals as pr  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rows(monkeypatch_module: pytest.MonkeyPatch) -> list[pr.Row]:
+    monkeypatch_module.chdir(ROOT)  # the bench fixture's models are named from the repository
+    runs, _ = pr.corpus()
+    return [pr.row(r) for r in runs]
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():  # noqa: ANN201
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def test_the_corpus_holds_both_cards_and_the_named_fit_set(rows: list[pr.Row]) -> None:
+    assert len(rows) >= 100
+    assert {x.run.hw.name for x in rows} == {"H200", "H100 SXM"}
+    fit = [x for x in rows if x.group == "fit"]
+    assert len(fit) == 8 and all(x.run.key.startswith(pr.FIT_SET) for x in fit)
+    keys = [(x.run.key.split(":", 1)[1], round(x.run.step_s, 6)) for x in rows]
+    assert len(keys) == len(set(keys))  # a bundle's copy of a results file is counted once
+
+
+def test_no_run_held_out_of_the_fit_moves_away_from_what_it_measured(rows: list[pr.Row]) -> None:
+    """The host term only adds time, and only where the host is the longer: every held-out run
+    it changes comes closer to its measurement (the 2026-12-03 eager rows most)."""
+    held = [x for x in rows if x.group != "fit"]
+    changed = [x for x in held if abs(x.after - x.before) > 1e-9]
+    assert len(changed) >= 20
+    assert all(abs(x.after) < abs(x.before) for x in changed)
+
+
+def test_the_fit_set_within_10_percent_in_6_of_8(rows: list[pr.Row]) -> None:
+    fit = [x for x in rows if x.group == "fit"]
+    assert sum(abs(x.before) <= pr.BOUND for x in fit) == 3  # the roofline alone
+    assert sum(abs(x.after) <= pr.BOUND for x in fit) == 6
+
+
+def test_the_constants_in_use_are_the_fit() -> None:
+    """What `--fit` finds on FIT_SET is what the planner uses (a coarse grid here: the fit's own
+    1 us / 5 us grid takes ~30 s)."""
+    runs = [r for r in pr.corpus()[0] if r.key.startswith(pr.FIT_SET)]
+    best = pr.loss(runs)
+    for launch, hook, passes in [(25e-6, 170e-6, 2), (33e-6, 170e-6, 2), (29e-6, 150e-6, 2)]:
+        with pr.constants(launch, hook, passes):
+            assert pr.loss(runs) > best
+    for passes in (1, 3):
+        with pr.constants(pr.speed.LAUNCH_SECONDS, pr.speed.HOOK_SECONDS, passes):
+            assert pr.loss(runs) > best
