@@ -123,6 +123,11 @@ def test_what_zerofit_stands_in_for_is_said(tmp_path: Path, monkeypatch, capsys)
             r"^error: zero_optimization.offload_optimizer.pin_memroy=true in .*typo.json: "
             r"DeepSpeed \S+ has no such key \(did you mean pin_memory\?\)$",
         ),
+        (  # DeepSpeed's models drop "auto" values before they check names
+            {"stage3_param_persitence_threshold": "auto"},
+            r'^error: zero_optimization.stage3_param_persitence_threshold="auto" in .*typo.json: '
+            r"DeepSpeed \S+ has no such key \(did you mean stage3_param_persistence_threshold\?\)$",
+        ),
     ],
 )
 def test_a_misspelled_key_stops_the_launcher_in_one_line(
@@ -230,3 +235,24 @@ def test_a_file_from_another_project_trains_unchanged(name: str, real_runs) -> N
     precision = json.loads((run / "precision.json").read_text())["effective"]["compute"]
     assert precision == ("bf16" if name == "axolotl_zero3_bf16" else "fp32")
     assert '"auto" became' in proc.stderr
+
+
+def test_a_top_level_key_deepspeed_never_reads_is_refused_when_misspelled_else_noted(
+    tmp_path: Path, capsys
+) -> None:  # noqa: ANN001
+    """DeepSpeed has no model of the top level: a misspelled key there would be ignored."""
+    from zerofit.cli import main
+
+    data = user_json("llamafactory_z3")
+    data["gradient_clippping"] = data.pop("gradient_clipping")
+    (tmp_path / "typo.json").write_text(json.dumps(data))
+    args = ["ds-config", "--parallel.backend", "deepspeed", "--parallel.deepspeed.config"]
+    assert main([*args, str(tmp_path / "typo.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("(did you mean gradient_clipping?)"), err
+    data["gradient_clipping"] = data.pop("gradient_clippping")
+    data["my_launcher_tag"] = "run-7"
+    (tmp_path / "extra.json").write_text(json.dumps(data))
+    assert main([*args, str(tmp_path / "extra.json")]) == 0
+    err = capsys.readouterr().err
+    assert "my_launcher_tag is no key DeepSpeed" in err and "it is ignored" in err

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -34,6 +35,9 @@ from zerofit.planner.shape import Hardware
 from zerofit.planner.speed import predict
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from planner_corpus import REHEARSAL_1_5B  # noqa: E402  (the residual tool's copy of the plan)
+
 DATA = ROOT / "docs" / "benchmarks" / "data"
 H200 = Hardware(gpus_per_node=1, gpu_mem=141 * 10**9, cpu_mem=125 * 2**30)
 GIB = 2**30
@@ -70,23 +74,7 @@ IN_SAMPLE = [  # (results.json, variant, speed tolerance): the fitted runs and t
 # Runs whose config file was not kept (a path outside the repository): the fields it ran with.
 REBUILT = {
     # what `zerofit plan --write` wrote (c2/1.5b-plan-a87e507.json, its first option), + the call's
-    "2026-12-03-speed2-h200/c2/24gb-1.5b-results.json": [
-        "model.preset=llama3-1b",
-        "model.seq_len=2048",
-        "model.loss_chunk=4096",
-        "train.micro_batch_size=1",
-        "train.grad_accum_steps=64",
-        "train.global_batch_size=64",
-        "precision.mode=bf16",
-        "precision.master_dtype=fp32",
-        "parallel.backend=deepspeed",
-        "parallel.activation_checkpointing=none",
-        "parallel.compile=false",
-        "parallel.deepspeed.stage=3",
-        "parallel.deepspeed.offload_optimizer=cpu",
-        "parallel.deepspeed.offload_param=none",
-        "parallel.deepspeed.offload_ratio=0.7",
-    ],
+    "2026-12-03-speed2-h200/c2/24gb-1.5b-results.json": REHEARSAL_1_5B,
 }
 HELD_OUT = [  # (results.json, variant, stated speed error bound): in no fit
     ("2026-12-02-speed/first-call-8b-results.json", "fsdp bf16-states mbs1 ga4", 0.12),

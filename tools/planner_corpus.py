@@ -53,25 +53,24 @@ COPIES = {
     (FK, "/root/out/c18/plans/1.5b-24gb.yaml"): FK + "plans/1.5b-24gb.yaml",
 }
 # What `zerofit plan --write` wrote for the 2026-12-03 24 GB rehearsal (c2/1.5b-plan-a87e507.json)
-REBUILT = {
-    (S3, "/root/out/c2/plans/1.5b-24gb.yaml"): [
-        "model.preset=llama3-1b",
-        "model.seq_len=2048",
-        "model.loss_chunk=4096",
-        "train.micro_batch_size=1",
-        "train.grad_accum_steps=64",
-        "train.global_batch_size=64",
-        "precision.mode=bf16",
-        "precision.master_dtype=fp32",
-        "parallel.backend=deepspeed",
-        "parallel.activation_checkpointing=none",
-        "parallel.compile=false",
-        "parallel.deepspeed.stage=3",
-        "parallel.deepspeed.offload_optimizer=cpu",
-        "parallel.deepspeed.offload_param=none",
-        "parallel.deepspeed.offload_ratio=0.7",
-    ],
-}
+REHEARSAL_1_5B = [
+    "model.preset=llama3-1b",
+    "model.seq_len=2048",
+    "model.loss_chunk=4096",
+    "train.micro_batch_size=1",
+    "train.grad_accum_steps=64",
+    "train.global_batch_size=64",
+    "precision.mode=bf16",
+    "precision.master_dtype=fp32",
+    "parallel.backend=deepspeed",
+    "parallel.activation_checkpointing=none",
+    "parallel.compile=false",
+    "parallel.deepspeed.stage=3",
+    "parallel.deepspeed.offload_optimizer=cpu",
+    "parallel.deepspeed.offload_param=none",
+    "parallel.deepspeed.offload_ratio=0.7",
+]
+REBUILT = {(S3, "/root/out/c2/plans/1.5b-24gb.yaml"): REHEARSAL_1_5B}
 # Results files whose bench meta (the command) was not written: the config the call ran
 RESULTS_ONLY = {S4 + "24gb-3.6b-results.json": S4 + "plans/3.6b-24gb.yaml"}
 # `auto` runs whose log is not kept: the resolved config beside them, or what their write-up

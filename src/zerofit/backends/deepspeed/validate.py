@@ -19,14 +19,16 @@ import copy
 import difflib
 import inspect
 import logging
+import re
 import sys
 import typing
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from zerofit.backends.deepspeed.json_paths import MISSING, get, shown
+from zerofit.backends.deepspeed.json_paths import AUTO, MISSING, get, leaves, shown
 from zerofit.config import Config
 from zerofit.errors import UserError
 
@@ -71,8 +73,58 @@ def validate(cfg: Config, ds: dict[str, Any], file: str) -> list[str]:
             raise UserError(
                 f"{file}: DeepSpeed {deepspeed.__version__} refuses it: {why}"
             ) from None
+    check_auto_keys(ds, file, deepspeed.__version__)
     check_optimizer_params(ds, file)
-    return [f"{file}: DeepSpeed says: {line}" for line in dict.fromkeys(said)]
+    unread = unread_top_keys(ds, file, deepspeed.__version__, _source_names(deepspeed.__file__))
+    return [f"{file}: DeepSpeed says: {line}" for line in dict.fromkeys(said)] + unread
+
+
+def _source_names(init_file: str) -> set[str]:
+    """Every snake_case string literal in DeepSpeed's source: a superset of the top-level keys
+    its config reads (it has no model of the top level), in which a misspelled key is absent."""
+    names: set[str] = set()
+    for path in Path(init_file).parent.rglob("*.py"):
+        names.update(re.findall(r"[\"']([a-z][a-z0-9_]*)[\"']", path.read_text(errors="ignore")))
+    return names
+
+
+def unread_top_keys(ds: dict[str, Any], file: str, version: str, known: set[str]) -> list[str]:
+    """A top-level key DeepSpeed never reads: refused where it is close to one it does (a
+    misspelling would be ignored in silence), else a note that DeepSpeed ignores it."""
+    notes = []
+    for key in ds:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.85)
+        if close:
+            raise UserError(
+                f"{key} in {file}: DeepSpeed {version} reads no such key and would ignore it "
+                f"(did you mean {close[0]}?)"
+            )
+        notes.append(f"{file}: {key} is no key DeepSpeed {version} reads; it is ignored")
+    return notes
+
+
+def check_auto_keys(ds: dict[str, Any], file: str, version: str) -> None:
+    """A key left "auto" must still be one DeepSpeed knows: its models drop every "auto" value
+    before they check names, so a misspelled key set to "auto" would pass unread."""
+    titles = {section: title for title, section in SECTIONS.items() if section}
+    for path, value in leaves(ds):
+        if value != AUTO:
+            continue
+        parts = path.split(".")
+        for n in range(len(parts) - 1, 0, -1):  # the longest section holding this key
+            title = titles.get(".".join(parts[:n]))
+            if title is None:
+                continue
+            names = _names_at(title, parts[n:-1])
+            if names and parts[-1] not in names:
+                close = difflib.get_close_matches(parts[-1], names, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise UserError(
+                    f'{path}="auto" in {file}: DeepSpeed {version} has no such key{hint}'
+                )
+            break
 
 
 @contextlib.contextmanager

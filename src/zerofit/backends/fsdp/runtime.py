@@ -34,23 +34,30 @@ class FSDPBackend(TorchBackend):
         apply_ac(blocks, p.activation_checkpointing, p.ac_every, p.ac_blocks)
         if p.compile:
             apply_compile(blocks)
+        self._shard(module, blocks, f.reshard_after_forward)
+        init_device = torch.device("cpu") if f.cpu_offload else self.ctx.device
+        materialize_from_spec(module, init_device, spec, init_seed)
+        self.model = module
+        self.scaler = self.make_scaler()
+        self.optimizer = build_adamw(module, self.optim_cfg, init_device, offloaded=f.cpu_offload)
+
+    def _shard(
+        self, module: nn.Module, blocks: list[nn.Module], reshard_after_forward: bool
+    ) -> None:
+        """`module` and its `blocks` under FSDP2, as `parallel.fsdp` says."""
+        f = self.parallel.fsdp
         apply_fsdp(
             module,
             blocks,
             self.ctx.mesh,
             param_dtype=self.param_dtype,
             reduce_dtype=self.reduce_dtype,
-            reshard_after_forward=f.reshard_after_forward,
+            reshard_after_forward=reshard_after_forward,
             cpu_offload=f.cpu_offload,
             wrap=f.wrap,
             min_num_params=f.min_num_params,
             prefetch=f.prefetch,
         )
-        init_device = torch.device("cpu") if f.cpu_offload else self.ctx.device
-        materialize_from_spec(module, init_device, spec, init_seed)
-        self.model = module
-        self.scaler = self.make_scaler()
-        self.optimizer = build_adamw(module, self.optim_cfg, init_device, offloaded=f.cpu_offload)
 
     def wrap_frozen(self, spec: ModelSpec, init_seed: int) -> nn.Module:
         """Sharded like the policy (the same mesh, units, prefetch and CPU offload), stored in
@@ -61,18 +68,7 @@ class FSDPBackend(TorchBackend):
         blocks = get_blocks(module, spec.blocks_path)
         if p.compile:
             apply_compile(blocks)
-        apply_fsdp(
-            module,
-            blocks,
-            self.ctx.mesh,
-            param_dtype=self.param_dtype,
-            reduce_dtype=self.reduce_dtype,
-            reshard_after_forward=True,
-            cpu_offload=f.cpu_offload,
-            wrap=f.wrap,
-            min_num_params=f.min_num_params,
-            prefetch=f.prefetch,
-        )
+        self._shard(module, blocks, reshard_after_forward=True)
         assert isinstance(module, FSDPModule)
         module.set_reshard_after_forward(True)  # apply_fsdp keeps the last block gathered
         device = torch.device("cpu") if f.cpu_offload else self.ctx.device
