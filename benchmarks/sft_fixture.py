@@ -47,6 +47,21 @@ SHAPES = {  # Llama-3.2-1B, Llama-3-8B and Llama-3-70B
 }  # fmt: skip
 
 
+def model_config(shape: str, bos: int | None = None, eos: int | None = None):  # noqa: ANN201
+    """The transformers LlamaConfig of model-<shape> (a LlamaConfig)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=128_256,  # Llama-3's table size; the tokenizer uses 32,000 of it
+        max_position_embeddings=8192,
+        rope_theta=500_000.0,
+        rms_norm_eps=1e-5,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        **SHAPES[shape],
+    )
+
+
 def corpus(max_chars: int = 40_000_000) -> str:
     root = Path(sysconfig.get_paths()["stdlib"])
     parts, total = [], 0
@@ -120,8 +135,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=4000)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    from transformers import LlamaConfig
-
     out = Path(a.out)
     shapes = a.shapes.split(",")
     if unknown := set(shapes) - set(SHAPES):
@@ -131,15 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     for shape in shapes:
         folder = out / f"model-{shape}"
         tok.save_pretrained(folder)
-        LlamaConfig(
-            vocab_size=128_256,  # Llama-3's table size; the tokenizer uses 32,000 of it
-            max_position_embeddings=8192,
-            rope_theta=500_000.0,
-            rms_norm_eps=1e-5,
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            **SHAPES[shape],
-        ).save_pretrained(folder)
+        model_config(shape, tok.bos_token_id, tok.eos_token_id).save_pretrained(folder)
     rng = random.Random(a.seed)
     with open(out / "chat.jsonl", "w") as f:
         for _ in range(a.samples):

@@ -4,6 +4,7 @@ planner's host term, the fit set named. CPU only (the runs are read from docs/be
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,17 +15,21 @@ sys.path.insert(0, str(ROOT / "tools"))
 import planner_residuals as pr  # noqa: E402
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fixture_models() -> Iterator[None]:
+    """The fine-tuning runs name bench-fixture's models: their configs, built here if absent."""
+    with pr.fixture_models():
+        yield
+
+
 @pytest.fixture(scope="module")
-def rows(monkeypatch_module: pytest.MonkeyPatch) -> list[pr.Row]:
-    monkeypatch_module.chdir(ROOT)  # the bench fixture's models are named from the repository
-    runs, _ = pr.corpus()
+def runs() -> list[pr.Run]:
+    return pr.corpus()[0]
+
+
+@pytest.fixture(scope="module")
+def rows(runs: list[pr.Run]) -> list[pr.Row]:
     return [pr.row(r) for r in runs]
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():  # noqa: ANN201
-    with pytest.MonkeyPatch.context() as mp:
-        yield mp
 
 
 def test_the_corpus_holds_both_cards_and_the_named_fit_set(rows: list[pr.Row]) -> None:
@@ -51,10 +56,10 @@ def test_the_fit_set_within_10_percent_in_6_of_8(rows: list[pr.Row]) -> None:
     assert sum(abs(x.after) <= pr.BOUND for x in fit) == 6
 
 
-def test_the_constants_in_use_are_the_fit() -> None:
+def test_the_constants_in_use_are_the_fit(runs: list[pr.Run]) -> None:
     """What `--fit` finds on FIT_SET is what the planner uses (a coarse grid here: the fit's own
     1 us / 5 us grid takes ~30 s)."""
-    runs = [r for r in pr.corpus()[0] if r.key.startswith(pr.FIT_SET)]
+    runs = [r for r in runs if r.key.startswith(pr.FIT_SET)]
     best = pr.loss(runs)
     for launch, hook, passes in [(25e-6, 170e-6, 2), (33e-6, 170e-6, 2), (29e-6, 150e-6, 2)]:
         with pr.constants(launch, hook, passes):

@@ -20,9 +20,13 @@ pick was not kept. Stock (transformers/TRL) results carry no bench block and are
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shlex
+import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,6 +44,32 @@ from zerofit.planner.shape import Hardware, with_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "benchmarks" / "data"
+FIXTURE = "bench-fixture"  # benchmarks/sft_fixture.py's folder, named relative to the repository
+
+
+@contextlib.contextmanager
+def fixture_models() -> Iterator[None]:
+    """Inside, `bench-fixture/model-<shape>` names a folder with that model's config.json, as the
+    configs of the fine-tuning runs name it: the repository's own fixture where it was built
+    (a device asset, git-ignored), else the configs alone, written to a temporary folder (a fresh
+    clone: the shape is all a forecast reads)."""
+    here = Path.cwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        if (ROOT / FIXTURE).is_dir():
+            os.chdir(ROOT)
+        else:
+            sys.path.insert(0, str(ROOT / "benchmarks"))
+            from sft_fixture import SHAPES, model_config  # noqa: PLC0415 - a sibling script
+
+            for shape in SHAPES:
+                model_config(shape).save_pretrained(Path(tmp) / FIXTURE / f"model-{shape}")
+            os.chdir(tmp)
+        try:
+            yield
+        finally:
+            os.chdir(here)
+
+
 GIB = 2**30
 HOST_RAM = 125 * GIB  # the H200 and H100 hosts' RAM as the planner saw it (offload fits)
 

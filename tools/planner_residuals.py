@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner_corpus import GIB, ROOT, Run, bench_runs, corpus  # noqa: E402
+from planner_corpus import GIB, Run, bench_runs, corpus, fixture_models  # noqa: E402
 
 from zerofit.backends.deepspeed import costs  # noqa: E402
 from zerofit.planner import speed  # noqa: E402
@@ -232,7 +232,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import os
-
-    os.chdir(ROOT)  # configs name the bench fixture's models relative to the repository
-    sys.exit(main())
+    with fixture_models():  # the fine-tuning runs name bench-fixture's models
+        sys.exit(main())
