@@ -18,7 +18,6 @@ predicted on one H200 and compared with the run's median tokens/s and peak alloc
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -36,7 +35,7 @@ from zerofit.planner.speed import predict
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-from planner_corpus import REHEARSAL_1_5B  # noqa: E402  (the residual tool's copy of the plan)
+from planner_corpus import REHEARSAL_1_5B, command_parts  # noqa: E402  (the residual tool's copy of the plan)
 
 DATA = ROOT / "docs" / "benchmarks" / "data"
 H200 = Hardware(gpus_per_node=1, gpu_mem=141 * 10**9, cpu_mem=125 * 2**30)
@@ -188,21 +187,8 @@ def replay(results: str, variant: str) -> tuple[object, dict]:
     run = next(r for r in data["results"] if r["name"] == variant)
     if results in CONFIG_COPY:  # a config outside the repository; the variant's own overrides
         return load_config(str(DATA / CONFIG_COPY[results]), run["overrides"]), run
-    argv = shlex.split(data["meta"]["command"])[2:]  # after `zerofit bench`
-    config, shared, i = None, [], 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg in ("-c", "--config"):
-            config, i = str(ROOT / argv[i + 1]), i + 2
-        elif arg.startswith("--") and "." in arg.split("=")[0]:
-            if "=" in arg:
-                shared.append(arg[2:])
-                i += 1
-            else:
-                shared.append(f"{arg[2:]}={argv[i + 1]}")
-                i += 2
-        else:  # bench's own options (--warmup 2, --variant '...', ...)
-            i += 2 if i + 1 < len(argv) and not argv[i + 1].startswith("--") else 1
+    config, shared = command_parts(data["meta"]["command"])
+    config = str(ROOT / config) if config else None
     return load_config(config, [*shared, *run["overrides"]]), run
 
 
