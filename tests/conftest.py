@@ -84,13 +84,19 @@ def losses(run_dir: Path) -> dict[int, float]:
     return out
 
 
-def train_run(tmp: Path, name: str, extra: dict | None = None, *args: str) -> Path:
-    """Train with TINY + extra in tmp/name; assert success; return the run dir."""
+def train_run(
+    tmp: Path, name: str, extra: dict | None = None, *args: str, keep_output: bool = False
+) -> Path:
+    """Train with TINY + extra in tmp/name; assert success; return the run dir. ``keep_output``:
+    the launch's stdout and stderr are kept beside it, in tmp/name.stdout and tmp/name.stderr."""
     run_dir = tmp / name
     cfg = write_config(
         tmp / f"{name}.yaml", deep_update({"log": {"run_dir": str(run_dir)}}, extra or {})
     )
     proc = zerofit("train", "-c", str(cfg), *args, cwd=tmp)
+    if keep_output:
+        (tmp / f"{name}.stdout").write_text(proc.stdout)
+        (tmp / f"{name}.stderr").write_text(proc.stderr)
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return run_dir
 
@@ -179,7 +185,8 @@ def shared_extra(name: str) -> dict:
 
 class SharedRuns:
     """``shared_run(name)``: the run directory of SHARED[name], trained on first use (it waits);
-    ``shared_run.start(*names)`` starts them in the background (POOL) and returns at once."""
+    ``shared_run.start(*names)`` starts them in the background (POOL) and returns at once;
+    ``shared_run.output(name)``: what that launch printed (stdout, stderr)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -191,13 +198,21 @@ class SharedRuns:
                 continue  # without DeepSpeed, asking for the run skips the test that asks
             extra, nproc = shared_extra(name), str(SHARED[name][1])
             run = name.replace("@", "-at")
-            self.futures[name] = POOL.submit(train_run, self.root, run, extra, "--nproc", nproc)
+            self.futures[name] = POOL.submit(
+                train_run, self.root, run, extra, "--nproc", nproc, keep_output=True
+            )
 
     def __call__(self, name: str) -> Path:
         if _deepspeed_run(name):
             pytest.importorskip("deepspeed")
         self.start(name)
         return self.futures[name].result()
+
+    def output(self, name: str) -> tuple[str, str]:
+        """The stdout and stderr of SHARED[name]'s launch (which exited 0), trained if need be."""
+        run = self(name)
+        out, err = ((run.parent / f"{run.name}.{ext}").read_text() for ext in ("stdout", "stderr"))
+        return out, err
 
 
 def _deepspeed_run(name: str) -> bool:

@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from doc_checks_dpo import DOC as DPO_DOC
+from doc_checks_dpo import DPO_CURVE
 from doc_checks_finetune import DOC as FT_DOC
 from doc_checks_finetune import FINETUNE
 from doc_checks_finetune_fast import DOC as FAST_DOC
@@ -797,6 +799,7 @@ CHECKS.update({name: Check(QLORA_DOC, d, fn, key) for name, (d, fn, key) in QLOR
 CHECKS.update({name: Check(QLORA4_DOC, d, fn, key) for name, (d, fn, key) in QLORA4.items()})
 CHECKS.update({name: Check(QLORA5_DOC, d, fn, key) for name, (d, fn, key) in QLORA5.items()})
 CHECKS["readme-qlora"] = Check(README, *README_QLORA)
+CHECKS.update({name: Check(DPO_DOC, d, fn, key) for name, (d, fn, key) in DPO_CURVE.items()})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -113,6 +113,8 @@ def test_first_step_is_ln2_and_the_loss_falls(runs, name: str) -> None:  # noqa:
         last["dpo_margin"], abs=1e-6
     )
     assert 0 < last["eval_loss"] < math.log(2), last
+    # the held-out pairs: -log sigmoid is convex, so a mean loss under ln 2 means a mean margin > 0
+    assert last["eval_dpo_margin"] > 0 and 0 < last["eval_dpo_accuracy"] <= 1, last
     precomputed = (run_dir / "reference_logps.pt").is_file()
     assert precomputed == (name == "full-fsdp")  # LoRA: the adapters-off base, nothing stored
 
@@ -131,7 +133,7 @@ def test_the_reference_copy_agrees_across_engines_and_with_precomputed(runs) -> 
     engines agree with it."""
     copied = records(runs["copy-fsdp"].result())
     precomputed = records(runs["full-fsdp"].result())
-    for key in ("loss", "eval_loss", "dpo_logp_chosen", "dpo_reward_chosen"):
+    for key in ("loss", "eval_loss", "eval_dpo_margin", "dpo_logp_chosen", "dpo_reward_chosen"):
         a = {r["step"]: r[key] for r in copied if key in r}
         b = {r["step"]: r[key] for r in precomputed if key in r}
         assert a.keys() == b.keys() and a, key
@@ -333,3 +335,7 @@ def test_the_progress_line_and_summary_show_the_preference_figures() -> None:
     assert "acc" not in format_record({"loss": 0.5})
     rows = summary_table({"step": 3, **record}).rows
     assert ["DPO (last window)", "accuracy 0.75, reward margin 1.250"] in rows
+    held = {"eval_loss": 0.6, "eval_dpo_accuracy": 0.625, "eval_dpo_margin": 0.5}
+    assert "eval 0.6000  eval acc 0.62" in format_record(held)
+    rows = summary_table({"step": 3, **record, **held}).rows
+    assert ["DPO (held out)", "accuracy 0.62, reward margin 0.500"] in rows

@@ -26,7 +26,13 @@ from conftest import (
 from zerofit.backends import engine_of
 from zerofit.backends.deepspeed import nvme
 from zerofit.backends.deepspeed.checkpoint import ZeroCheckpointReader
-from zerofit.backends.deepspeed.costs import OPT_SWAPPED, PARAM_MAX_IN_CPU, nvme_terms
+from zerofit.backends.deepspeed.costs import (
+    OPT_SWAPPED,
+    PARAM_MAX_IN_CPU,
+    nvme_terms,
+    param_swap_buffers,
+    sub_groups,
+)
 from zerofit.backends.deepspeed.options import DeepSpeedOptions
 from zerofit.backends.terms import Workload
 from zerofit.cli import main
@@ -226,6 +232,20 @@ def test_the_step_time_follows_the_disk_bandwidth() -> None:
     assert a.speed.step_time - b.speed.step_time == pytest.approx(disk_seconds(a, slow) / 2)
 
 
+def test_param_swap_buffers_are_sized_to_the_model() -> None:
+    """Each of offload_param's buffers holds the largest swapped partition and the largest optimizer
+    sub-group, and no more: DeepSpeed's default 1e8 elements a buffer held 8.4 GB of host RAM a
+    rank for a 4M-parameter model."""
+    m = shape_from_preset("tiny")
+    count, size = param_swap_buffers(m, 2, 10**9)
+    largest = max(m.embedding_params, m.dim * max(m.ffn_dim, m.n_heads * m.head_dim)) / 2
+    assert size >= largest
+    assert size >= max(sub_groups(m, Workload(1, 1, 2), 10**9))
+    assert count * size * 4 < 256 * 2**20, "a tiny model's swap buffers take under 256 MiB"
+    big = shape_from_preset("llama3-1b")
+    assert param_swap_buffers(big, 1, 10**9)[1] >= big.embedding_params  # the whole embedding
+
+
 def test_plan_proposes_nvme_when_gpus_and_host_ram_cannot_hold_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -264,7 +284,7 @@ def test_the_disk_probe_times_o_direct_io_and_cleans_up(tmp_path: Path) -> None:
 
 # Wide enough that every block matrix's partition passes DeepSpeed's 1 MiB swap threshold, and
 # max_in_cpu 0 (a user's DeepSpeed JSON): the parameters are read from the disk at every use.
-WIDE = {"model": {"overrides": {"n_layers": 2, "dim": 512, "n_heads": 8, "n_kv_heads": 8, "ffn_dim": 2048}}}  # fmt: skip
+WIDE = {"model": {"overrides": {"n_layers": 2, "ffn_dim": 2048}}}  # fmt: skip
 ALL_ON_DISK = {"zero_optimization": {"offload_param": {"max_in_cpu": 0}}}
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import io
 import logging
 import re
+import shutil
+import subprocess
 import warnings
 from pathlib import Path
 
 import pytest
-from conftest import deep_update, write_config, zerofit
+from conftest import deep_update, shared_extra, write_config, zerofit
 
 from zerofit.report import quiet
 
@@ -114,31 +116,24 @@ def _quiet(proc) -> None:  # noqa: ANN001 - a CompletedProcess
 
 @pytest.mark.dist
 @pytest.mark.slow
-def test_train_resume_across_engines_export_and_plan_print_no_library_noise(tmp_path: Path) -> None:
-    """DeepSpeed trains (its one line on rank 0), FSDP resumes its checkpoint (a single-process
-    DCP read in the launcher, DeepSpeed's reader), the result exports; none prints a library's
-    warning."""
-    one = {"model": {"overrides": {"n_layers": 1}}, "train": {"steps": 2}}
-    ds = write_config(
-        tmp_path / "ds.yaml",
-        deep_update(
-            one,
-            {
-                "parallel": {"backend": "deepspeed", "deepspeed": {"stage": 2}},
-                "log": {"run_dir": str(tmp_path / "ds")},
-            },
-        ),
-    )
-    proc = zerofit("train", "-c", str(ds), "--nproc", "2", cwd=tmp_path, timeout=1800)
-    _quiet(proc)
-    assert (
-        len(re.findall(r"^deepspeed \S+: ZeRO-2 on its cpu accelerator$", proc.stdout, re.M)) == 1
-    )
+def test_train_resume_across_engines_export_and_plan_print_no_library_noise(
+    tmp_path: Path,
+    shared_run,  # noqa: ANN001
+) -> None:
+    """DeepSpeed trains (conftest's shared ZeRO-2 run, whose output is kept: its one line on rank
+    0), FSDP resumes its checkpoint (a single-process DCP read in the launcher, DeepSpeed's
+    reader), the result exports; none prints a library's warning."""
+    out, err = shared_run.output("zero2@2")  # exit 0: shared_run asserts it
+    _quiet(subprocess.CompletedProcess("zero2@2", 0, out, err))
+    assert len(re.findall(r"^deepspeed \S+: ZeRO-2 on its cpu accelerator$", out, re.M)) == 1
+    ds, copy = shared_run("zero2@2"), tmp_path / "ds"  # a copy: the shared run stays as it is
+    ckpt = copy / "checkpoints" / "step_00000005"
+    shutil.copytree(ds / ckpt.relative_to(copy), ckpt)
+    shutil.copy(ds / "config.yaml", copy / "config.yaml")
     fsdp = write_config(
         tmp_path / "fsdp.yaml",
-        deep_update(one, {"train": {"steps": 3}, "log": {"run_dir": str(tmp_path / "fsdp")}}),
+        deep_update(shared_extra("fsdp@2"), {"log": {"run_dir": str(tmp_path / "fsdp")}}),
     )
-    ckpt = tmp_path / "ds" / "checkpoints" / "step_00000002"
     proc = zerofit(
         "train", "-c", str(fsdp), "--nproc", "2", "--resume", str(ckpt), cwd=tmp_path, timeout=1800
     )

@@ -17,6 +17,8 @@ def format_record(r: dict[str, Any]) -> str:
         parts.append(f"loss {r['loss']:.4f}")
     if "eval_loss" in r:
         parts.append(f"eval {r['eval_loss']:.4f}")
+    if "eval_dpo_accuracy" in r:  # the held-out pairs
+        parts.append(f"eval acc {r['eval_dpo_accuracy']:.2f}")
     if "dpo_accuracy" in r:  # train.objective dpo: over the logging window's pairs
         parts.append(f"acc {r['dpo_accuracy']:.2f}  margin {r['dpo_margin']:.3f}")
     if "tokens_per_s" in r:
@@ -103,6 +105,14 @@ def summary_table(summary: dict[str, Any]) -> TextTable:
             (
                 "DPO (last window)",
                 f"accuracy {summary['dpo_accuracy']:.2f}, reward margin {summary['dpo_margin']:.3f}",
+            )
+        )
+    if "eval_dpo_accuracy" in summary:  # the last eval's held-out pairs
+        rows.append(
+            (
+                "DPO (held out)",
+                f"accuracy {summary['eval_dpo_accuracy']:.2f}, "
+                f"reward margin {summary['eval_dpo_margin']:.3f}",
             )
         )
     if "mem_alloc_gib" in summary:

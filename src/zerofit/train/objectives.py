@@ -2,7 +2,7 @@
 
 An objective turns a step's micro-batches into the losses the engine backpropagates, weighted so
 that the update is that of the whole global batch's mean (over valid targets, or over preference
-pairs), and gives eval its loss. The trainer calls it and knows nothing of either loss.
+pairs), and gives eval its figures (DPO: the held-out pairs' accuracy and margin too). The trainer calls it and knows nothing of either loss.
 
 - ``NextToken``: text rows, each micro-batch's mean loss / accumulation; fine-tuning rows, the mean
   over every valid target of the global batch (``weights``).
@@ -72,9 +72,14 @@ class NextToken:
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         return forward(model, batch, self.ctx.device)
 
-    def eval_loss(self, model: nn.Module, batches: Iterable[Batch], micro_step: Any) -> float:
-        """Mean eval loss: over the ranks' mean batch losses (text rows), or over every valid
+    def evaluate(
+        self, model: nn.Module, batches: Iterable[Batch], micro_step: Any
+    ) -> dict[str, float]:
+        """``eval_loss``: over the ranks' mean batch losses (text rows), or over every valid
         target of every rank's batches (masked rows)."""
+        return {"eval_loss": self._eval_loss(model, batches, micro_step)}
+
+    def _eval_loss(self, model: nn.Module, batches: Iterable[Batch], micro_step: Any) -> float:
         ctx = self.ctx
         total, count = torch.zeros((), device=ctx.device), 0
         sums = torch.zeros(2, dtype=torch.float64, device=ctx.device)  # loss x n, n
@@ -134,17 +139,24 @@ class Preference:
         losses = terms[0]
         return losses.mean() if losses.numel() else losses.sum()
 
-    def eval_loss(self, model: nn.Module, batches: Iterable[Batch], micro_step: Any) -> float:
-        """The mean DPO loss over every eval pair of every rank."""
-        sums = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)  # loss sum, pairs
+    def evaluate(
+        self, model: nn.Module, batches: Iterable[Batch], micro_step: Any
+    ) -> dict[str, float]:
+        """Over every held-out pair of every rank: the mean DPO loss (``eval_loss``), preference
+        accuracy and reward margin (``eval_dpo_accuracy``, ``eval_dpo_margin``)."""
+        sums = torch.zeros(len(METRICS) + 1, dtype=torch.float64, device=self.ctx.device)
         for batch in batches:
             with micro_step(is_last=True):
-                losses = self._pair_terms(model, batch, "val")[0]
-            sums += torch.stack(
-                [losses.double().sum(), losses.new_tensor(losses.numel(), dtype=torch.float64)]
-            )
+                losses, *terms = self._pair_terms(model, batch, "val")
+            sums[0] += losses.double().sum()
+            sums[1:] += dpo_metrics(*terms)
         sums = self.ctx.all_reduce_sum(sums)
-        return (sums[0] / sums[1].clamp(min=1.0)).item()
+        means = metric_means(sums[1:])
+        return {
+            "eval_loss": sums[0].item() / max(means["pairs"], 1.0),
+            "eval_dpo_accuracy": means["accuracy"],
+            "eval_dpo_margin": means["margin"],
+        }
 
     def record(self) -> dict[str, float]:
         """The logging window's DPO figures, each a mean over its pairs (one all-reduce)."""

@@ -106,7 +106,7 @@ class Trainer:
                     record.update(self.objective().record())
                 if evals.due(self.step):
                     record = record or {"step": self.step}
-                    record["eval_loss"] = self.evaluate()
+                    record.update(self.evaluate())
                 if record is not None:
                     log.write(self.step, record)
                     summary.update(record)
@@ -261,8 +261,8 @@ class Trainer:
         return total, result
 
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """The objective's mean eval loss over every rank's eval batches."""
+    def evaluate(self) -> dict[str, float]:
+        """The objective's eval figures (``eval_loss``, ...) over every rank's eval batches."""
         model = self.backend.model
         model.eval()
         batches = eval_batches(
@@ -272,9 +272,9 @@ class Trainer:
             self.ctx.dp_size,
             self.cfg.train.eval_batches,
         )
-        loss = self.objective().eval_loss(model, batches, self.backend.micro_step)
+        figures = self.objective().evaluate(model, batches, self.backend.micro_step)
         model.train()
-        return loss
+        return figures
 
     def objective(self) -> NextToken | Preference:
         """What the steps minimise (``zerofit.train.objectives``), made at the first step: DPO's
