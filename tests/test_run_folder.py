@@ -220,3 +220,36 @@ def test_resume_starts_again_only_a_run_that_stopped_before_its_first_save(
     assert not (run_dir / "metrics.jsonl").read_text()  # the stopped run's records moved aside
     assert (run_dir / "metrics.abandoned.jsonl").is_file()
     assert "it starts again from step 0" in capsys.readouterr().err
+
+
+def test_a_first_start_that_finds_the_stop_marker_meets_its_peers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher writes STOP (with the signal) before forwarding the signal to the workers it
+    sees. A worker that starts in between must not exit alone: its peers may already wait for it
+    in init_process_group (a hang seen in CI). It takes the stop as received and goes on, to stop
+    with them at step 0; only a restarted worker exits at once. The handlers stay installed, so
+    the forwarded copy of the signal cannot kill it."""
+    from zerofit.faults.signals import STOP_MARKER, StopSignals
+    from zerofit.train import worker
+
+    (tmp_path / STOP_MARKER).write_text(str(int(signal.SIGINT)))
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    stops = StopSignals()
+    assert not worker.stop_requested(tmp_path, stops)
+    assert stops.signum == signal.SIGINT
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert worker.stop_requested(tmp_path, StopSignals())
+    assert not worker.stop_requested(tmp_path / "elsewhere", StopSignals())
+    seen = []
+    monkeypatch.setattr(worker, "run_worker", lambda *a: seen.append(a[-1].signum) or 0)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        args = ["--config", "c.yaml", "--run-dir", str(tmp_path), "--error-dir", str(tmp_path)]
+        assert worker.main(args) == 0
+        assert seen == [signal.SIGINT]  # it went on to train, with the stop recorded
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

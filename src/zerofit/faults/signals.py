@@ -19,6 +19,11 @@ from types import FrameType
 HANDLED = (signal.SIGTERM, signal.SIGINT)
 
 
+# In the launcher's error directory once it was asked to stop, holding the signal's number: a
+# worker that starts after that stops too (see zerofit.train.worker.main).
+STOP_MARKER = "STOP"
+
+
 class StopSignals:
     """Records the first stop signal; re-arms the default action so the next one is fatal."""
 
@@ -31,6 +36,12 @@ class StopSignals:
             for sig in HANDLED:
                 signal.signal(sig, self._handle)
         return self
+
+    def mark(self, signum: int) -> None:
+        """A stop request that came another way (the launcher's STOP_MARKER). The handlers stay:
+        the launcher's forwarded copy of the same signal may still be on its way."""
+        if not self.signum:
+            self.signum, self.received_at = signum, time.monotonic()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum:

@@ -30,10 +30,8 @@ from zerofit import checkpoint as ckpt
 from zerofit.config.schema import Config
 from zerofit.errors import UserError
 from zerofit.faults import report
-from zerofit.faults.signals import HANDLED, signal_name
+from zerofit.faults.signals import HANDLED, STOP_MARKER, signal_name
 from zerofit.launch.options import LaunchOptions, PreparedRun
-
-STOP_MARKER = "STOP"  # in the error directory: workers started after a stop request exit at once
 
 
 class ForcedStop(Exception):
@@ -58,7 +56,7 @@ class LauncherSignals:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if not self.signum:
             self.signum = signum
-            (self.error_dir / STOP_MARKER).touch()
+            (self.error_dir / STOP_MARKER).write_text(str(signum))
             workers = child_pids()
             for pid in workers:
                 _send(pid, signum)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import cast
 from zerofit.config.schema import Config
 from zerofit.errors import EXIT_IO, RunStopped, UserError
 from zerofit.faults import report
-from zerofit.faults.signals import StopSignals, die_with_parent
+from zerofit.faults.signals import STOP_MARKER, StopSignals, die_with_parent
 from zerofit.launch.options import LaunchOptions, PreparedRun
 from zerofit.launch.resolve import mesh_replicas
 from zerofit.launch.run_config import load_config
@@ -108,6 +109,21 @@ def train_joined(cfg: Config, opts: LaunchOptions) -> tuple[int, PreparedRun | N
     return code, prep if ctx.is_main else None
 
 
+def stop_requested(error_dir: Path, signals: StopSignals) -> bool:
+    """Whether this worker, restarted after its launcher was asked to stop, should exit at once.
+    A first start that finds the marker (the signal came while it started, after the launcher
+    forwarded it to the workers it saw) takes it as received instead: it must still meet its
+    peers, which may already wait for it in init_process_group, and stop with them at step 0."""
+    marker = error_dir / STOP_MARKER
+    if not marker.exists():
+        return False
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+        return True
+    text = marker.read_text().strip()
+    signals.mark(int(text) if text.isdigit() else int(signal.SIGTERM))
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     signals = StopSignals().install()  # first: a signal during start-up is a stop request too
     parser = argparse.ArgumentParser(prog="zerofit-worker")
@@ -119,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.launcher_pid is not None and not die_with_parent(args.launcher_pid):
         return 1  # our launcher died before we started: nobody is left to train for
-    if args.error_dir and Path(args.error_dir, "STOP").exists():
+    if args.error_dir and stop_requested(Path(args.error_dir), signals):
         return 0  # restarted after our launcher was asked to stop: nothing to do
     return run_worker(
         lambda: load_config(args.config),
