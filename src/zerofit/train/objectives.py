@@ -2,7 +2,8 @@
 
 An objective turns a step's micro-batches into the losses the engine backpropagates, weighted so
 that the update is that of the whole global batch's mean (over valid targets, or over preference
-pairs), and gives eval its figures (DPO: the held-out pairs' accuracy and margin too). The trainer calls it and knows nothing of either loss.
+pairs), and gives eval its figures (DPO: the held-out pairs' accuracy and margin too). The
+trainer calls it and knows nothing of either loss.
 
 - ``NextToken``: text rows, each micro-batch's mean loss / accumulation; fine-tuning rows, the mean
   over every valid target of the global batch (``weights``).

@@ -41,7 +41,7 @@ def run_worker(
     from zerofit.train.run import RunControl, run_training  # torch: after the signal handlers
 
     rank = int(os.environ.get("RANK", 0))
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    restart = restart_count()
     if error_dir:
         report.clear_records(error_dir, rank)
     control = RunControl(signals, f"zerofit train -c {config_file} --resume", restart)
@@ -109,6 +109,11 @@ def train_joined(cfg: Config, opts: LaunchOptions) -> tuple[int, PreparedRun | N
     return code, prep if ctx.is_main else None
 
 
+def restart_count() -> int:
+    """How many times torch's elastic agent restarted this worker's group (0: the first start)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
 def stop_requested(error_dir: Path, signals: StopSignals) -> bool:
     """Whether this worker, restarted after its launcher was asked to stop, should exit at once.
     A first start that finds the marker (the signal came while it started, after the launcher
@@ -117,7 +122,7 @@ def stop_requested(error_dir: Path, signals: StopSignals) -> bool:
     marker = error_dir / STOP_MARKER
     if not marker.exists():
         return False
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+    if restart_count() > 0:
         return True
     text = marker.read_text().strip()
     signals.mark(int(text) if text.isdigit() else int(signal.SIGTERM))
