@@ -186,10 +186,10 @@ dpo_stock() {  # out-subdir, timeout, stock_dpo.py args
 dpo=configs/dpo-lora.yaml
 dpo_pairs="data.source=$fix/pairs.jsonl model.seq_len=2048"
 dpo_8b() {  # 8B LoRA DPO, 4 pairs x 2 per step, both stacks
-  dpo_stock 8b-dpo-trl 240 --model "$fix/model-8b" --lora 16 --micro 4 --accum 2 --gc
-  dpo_stock 8b-dpo-trl-liger 240 --model "$fix/model-8b" --lora 16 --micro 4 --accum 2 --gc --liger
+  dpo_stock 8b-dpo-trl 170 --model "$fix/model-8b" --lora 16 --micro 4 --accum 2 --gc
+  dpo_stock 8b-dpo-trl-liger 170 --model "$fix/model-8b" --lora 16 --micro 4 --accum 2 --gc --liger
   # shellcheck disable=SC2086
-  zerofit 8b-dpo-zerofit 300 $dpo $m8 $dpo_pairs train.steps=100 train.epochs=null \
+  zerofit 8b-dpo-zerofit 220 $dpo $m8 $dpo_pairs train.steps=100 train.epochs=null \
     --variant "recipe, 2 pairs x 4: train.micro_batch_size=2 train.grad_accum_steps=4"
 }
 dpo_1b() {  # 1B full DPO; zerofit's reference precomputed over the first 2M tokens of pairs

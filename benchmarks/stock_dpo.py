@@ -64,8 +64,8 @@ def build_model(a: argparse.Namespace):  # noqa: ANN201 - a transformers model
     attn = "flash_attention_2" if a.padding_free else "sdpa"
     dtype = torch.bfloat16 if a.lora and not a.cpu else torch.float32
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, torch_dtype=dtype)
-    return model.to("cpu" if a.cpu else "cuda")
+    with torch.device("cpu" if a.cpu else "cuda"):  # an 8B initialised on the host takes minutes
+        return AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=dtype)
 
 
 class StepTimes(TrainerCallback):
@@ -99,8 +99,28 @@ def tokens_per_pair(trainer, max_length: int) -> float:  # noqa: ANN001 - a trl 
     return total / max(len(data), 1)
 
 
+def tolerate_unhashable_tables() -> None:
+    """datasets fingerprints a new Dataset by pickling it with dill; with pyarrow 26 on Python
+    3.12.1 that raises (pyarrow's MonthDayNano type is "not found as builtins.MonthDayNano"), where
+    datasets already falls back to a random fingerprint for an unhashable map function. The same
+    fallback here: a fingerprint only names cache files, and no cache is read in this benchmark."""
+    import datasets.arrow_dataset as arrow_dataset
+    from datasets.fingerprint import generate_random_fingerprint
+
+    hashed = arrow_dataset.generate_fingerprint
+
+    def fingerprint(dataset: object) -> str:
+        try:
+            return hashed(dataset)
+        except Exception:  # any pickling failure: a random name, as datasets does for maps
+            return generate_random_fingerprint()
+
+    arrow_dataset.generate_fingerprint = fingerprint
+
+
 def main() -> int:
     a = parse()
+    tolerate_unhashable_tables()
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import DPOConfig, DPOTrainer

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from zerofit.bench.charts import chart_figures
-from zerofit.bench.report import print_results
+from zerofit.bench.report import environment, host_cpu, print_results
 from zerofit.bench.run import Result
 from zerofit.commands.bench import model_label
 from zerofit.launch.run_config import load_config
@@ -146,3 +146,14 @@ def test_the_model_is_named_as_the_config_gives_it() -> None:
     assert model_label(load_config(None, ["model.preset=llama3-1b"])) == "llama3-1b"
     cfg = load_config(None, ["model.preset=tiny", "model.overrides={n_layers: 2}"])
     assert model_label(cfg) == "tiny (n_layers=2)"
+
+
+def test_every_result_records_the_host_cpu(tmp_path) -> None:  # noqa: ANN001 - pytest's path
+    """The planner's host terms differ between hosts (issue 27: the H100 machine's host ran FSDP2's
+    hooks over twice as fast as the H200 machine's): a result names its CPU and core count."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Xeon Test 8480\n")
+    assert host_cpu(info) == "Xeon Test 8480"
+    assert host_cpu(tmp_path / "absent")  # off Linux: what the platform says, never empty
+    env = environment()
+    assert env["cpu"] and env["cpu_count"] >= 1

@@ -44,12 +44,16 @@ from typing import Any
 import pytest
 from doc_checks_dpo import DOC as DPO_DOC
 from doc_checks_dpo import DPO_CURVE
+from doc_checks_dpo_h100 import DOC as DPO_H100_DOC
+from doc_checks_dpo_h100 import DPO_H100
 from doc_checks_finetune import DOC as FT_DOC
 from doc_checks_finetune import FINETUNE
 from doc_checks_finetune_fast import DOC as FAST_DOC
 from doc_checks_finetune_fast import FINETUNE_FAST, README_FINETUNE_FAST
 from doc_checks_first_k import DOC as FK_DOC
 from doc_checks_first_k import FIRST_K, INDEX_FIRST_K
+from doc_checks_heldout_h100 import DOC as HELDOUT_H100_DOC
+from doc_checks_heldout_h100 import HELDOUT_H100
 from doc_checks_qlora import DOC as QLORA_DOC
 from doc_checks_qlora import QLORA
 from doc_checks_qlora4 import DOC as QLORA4_DOC
@@ -800,6 +804,10 @@ CHECKS.update({name: Check(QLORA4_DOC, d, fn, key) for name, (d, fn, key) in QLO
 CHECKS.update({name: Check(QLORA5_DOC, d, fn, key) for name, (d, fn, key) in QLORA5.items()})
 CHECKS["readme-qlora"] = Check(README, *README_QLORA)
 CHECKS.update({name: Check(DPO_DOC, d, fn, key) for name, (d, fn, key) in DPO_CURVE.items()})
+CHECKS.update({name: Check(DPO_H100_DOC, d, fn, key) for name, (d, fn, key) in DPO_H100.items()})
+CHECKS.update(
+    {name: Check(HELDOUT_H100_DOC, d, fn, key) for name, (d, fn, key) in HELDOUT_H100.items()}
+)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ table it prints; with --profile, each variant's step-time breakdown and top kern
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from dataclasses import asdict
@@ -74,9 +75,24 @@ def environment() -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "cpu": host_cpu(),
+        "cpu_count": os.cpu_count(),
     }
     env.update(library_versions())
     return env
+
+
+def host_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The host CPU's model name: the planner's host terms (kernel launches, engine hooks, CPU
+    Adam) depend on it, so every result records which host it ran on."""
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:  # not Linux: what the platform says
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def markdown(results: list[Result], meta: dict[str, Any]) -> str:

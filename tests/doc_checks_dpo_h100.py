@@ -1,0 +1,59 @@
+"""test_doc_figures' checks for docs/benchmarks/2026-12-06-dpo-h100.md (issue 28: zerofit's DPO
+beside TRL's DPOTrainer on one H100): each table cell from its results.json, each ratio from the
+medians of one device call (8B: call 4, 1B: call 5)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+DOC = "docs/benchmarks/2026-12-06-dpo-h100.md"
+D = "2026-12-06-dpo-h100/"
+TRL_8B, LIGER_8B = D + "8b/8b-dpo-trl/results.json", D + "8b/8b-dpo-trl-liger/results.json"
+ZF_8B = D + "8b/8b-dpo-zerofit/results.json"
+TRL_1B, ZF_1B = D + "1b/1b-dpo-trl/results.json", D + "1b/1b-dpo-zerofit/results.json"
+DATA = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "data"
+
+
+def _load(rel: str) -> Any:
+    return json.loads((DATA / rel).read_text())
+
+
+def _zerofit(rel: str) -> dict:
+    (result,) = _load(rel)["results"]
+    assert result["status"] == "ok" and result["measured_steps"] == 10
+    return result
+
+
+def _trl(rel: str) -> dict:
+    run = _load(rel)
+    assert len(run["step_times"]) == 13  # 3 warm-up steps, then the 10 timed ones
+    return run
+
+
+def dpo_table() -> dict[str, list]:
+    """Per stack: real tokens/s, median step s, peak allocated GiB, zerofit's tokens/s over it."""
+    trl8, liger8, zf8 = _trl(TRL_8B), _trl(LIGER_8B), _zerofit(ZF_8B)
+    trl1, zf1 = _trl(TRL_1B), _zerofit(ZF_1B)
+
+    def stock(run: dict, zf: dict) -> list:
+        ratio = zf["real_tokens_per_s"] / run["real_tokens_per_s"]
+        return [run["real_tokens_per_s"], run["step_s_median"], run["peak_allocated_gib"], ratio]
+
+    def ours(zf: dict) -> list:
+        return [zf["real_tokens_per_s"], zf["step_time_s"], zf["mem_alloc_gib"], "–"]
+
+    return {
+        "8B LoRA | TRL + PEFT, gradient checkpointing": stock(trl8, zf8),
+        "8B LoRA | TRL + PEFT + Liger Kernel, gradient checkpointing": stock(liger8, zf8),
+        "8B LoRA | zerofit, configs/dpo-lora.yaml": ours(zf8),
+        "1B full | TRL, a frozen copy as the reference": stock(trl1, zf1),
+        "1B full | zerofit, the reference's log-probs computed first": ours(zf1),
+    }
+
+
+DPO_H100: dict[str, tuple[list[str], Callable[[], Any], int]] = {
+    "dpo-h100": ([TRL_8B, LIGER_8B, ZF_8B, TRL_1B, ZF_1B], dpo_table, 2),
+}
