@@ -231,7 +231,7 @@ def shared_run(tmp_path_factory: pytest.TempPathFactory) -> SharedRuns:
 # of it on one core, then a rendezvous that waits), so several at once keep both cores busy where
 # one leaves a core idle (the full suite on 2 idle cores: 20:03 with two at a time). A module
 # starts its runs here (`POOL.submit(train_run, ...)`) and each test waits for its own.
-POOL = ThreadPoolExecutor(max_workers=3, thread_name_prefix="zerofit-run")
+POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="zerofit-run")
 
 
 def wait_all(futures: Iterable[Future]) -> None:

@@ -45,7 +45,7 @@ import pytest
 from doc_checks_dpo import DOC as DPO_DOC
 from doc_checks_dpo import DPO_CURVE
 from doc_checks_dpo_h100 import DOC as DPO_H100_DOC
-from doc_checks_dpo_h100 import DPO_H100
+from doc_checks_dpo_h100 import DPO_H100, README_DPO
 from doc_checks_finetune import DOC as FT_DOC
 from doc_checks_finetune import FINETUNE
 from doc_checks_finetune_fast import DOC as FAST_DOC
@@ -803,6 +803,7 @@ CHECKS.update({name: Check(QLORA_DOC, d, fn, key) for name, (d, fn, key) in QLOR
 CHECKS.update({name: Check(QLORA4_DOC, d, fn, key) for name, (d, fn, key) in QLORA4.items()})
 CHECKS.update({name: Check(QLORA5_DOC, d, fn, key) for name, (d, fn, key) in QLORA5.items()})
 CHECKS["readme-qlora"] = Check(README, *README_QLORA)
+CHECKS["readme-dpo"] = Check(README, *README_DPO)
 CHECKS.update({name: Check(DPO_DOC, d, fn, key) for name, (d, fn, key) in DPO_CURVE.items()})
 CHECKS.update({name: Check(DPO_H100_DOC, d, fn, key) for name, (d, fn, key) in DPO_H100.items()})
 CHECKS.update(

@@ -74,7 +74,7 @@ HOLD = """
 import sys, time
 from pathlib import Path
 from zerofit.launch import run_lock
-run_lock.hold(Path(sys.argv[1]))
+run_lock.hold(Path(sys.argv[1]), node=int(sys.argv[2]) if len(sys.argv) > 2 else 0)
 print("held", flush=True)
 time.sleep(600)
 """
@@ -99,6 +99,37 @@ def test_the_lock_names_its_holder_and_dies_with_it(tmp_path: Path) -> None:
         assert (tmp_path / run_lock.LOCK_FILE).read_text() == f"{os.getpid()}\n"
     finally:
         run_lock.release_all()
+
+
+def test_a_second_jobs_node_is_refused_by_that_nodes_own_lock(tmp_path: Path) -> None:
+    """Nodes > 0 of a multi-node run lock the shared folder too, each under its own name: node 1
+    of a second job on the same log.run_dir is refused in prepare_run (one line naming the pid)
+    before it starts its workers, while node 0's lock and node 2's are separate."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = load_config(str(write_config(tmp_path / "c.yaml", {"log": {"run_dir": str(run_dir)}})))
+    node1 = LaunchOptions(nnodes=3, node_rank=1, rdzv_endpoint="localhost:1")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run_dir), "1"], env=ENV, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert (run_dir / "zerofit.node1.lock").read_text() == f"{holder.pid}\n"
+        with pytest.raises(UserError) as err:
+            prepare_run(cfg, node1, 6, "cpu", create=False)
+        assert str(err.value) == (
+            f"run directory {run_dir} is in use by node 1 of another multi-node run (pid "
+            f"{holder.pid}); wait for it to end, or choose another log.run_dir"
+        )
+        run_lock.hold(run_dir)  # node 0's lock is another file
+        node2 = LaunchOptions(nnodes=3, node_rank=2, rdzv_endpoint="localhost:1")
+        prep = prepare_run(cfg, node2, 6, "cpu", create=False)
+        assert (run_dir / "zerofit.node2.lock").read_text() == f"{os.getpid()}\n"
+        assert prep.config_file.parent != run_dir  # a non-zero node writes nothing there
+    finally:
+        run_lock.release_all()
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=60)
 
 
 # ----------------------------------------------------------------------------- real runs

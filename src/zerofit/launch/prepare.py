@@ -233,6 +233,8 @@ def prepare_run(
         ensure_writable_dir(ckpt.checkpoint_root(cfg.checkpoint.dir, run_dir), "checkpoint.dir")
         config_file = run_dir / name
     else:  # a non-zero node of a multi-node run: keep the resolved config local
+        if run_dir.is_dir():  # a shared folder: this node's own lock (zerofit.launch.run_lock)
+            run_lock.hold(run_dir, node=opts.node_rank)
         config_file = Path(tempfile.mkdtemp(prefix="zerofit-")) / name
     save_config(cfg, config_file)
     for name, text in launch.files.items():

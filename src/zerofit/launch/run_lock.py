@@ -6,6 +6,11 @@ train` started, which outlives its workers and their elastic restarts (under an 
 or srun, rank 0's process). A second `zerofit train` or `--resume` on the same folder stops with
 one line naming the holder's pid, exit 2.
 
+In a multi-node run, node 0's launcher holds ``zerofit.lock``; every other node's launcher holds
+``zerofit.node<N>.lock`` in the same shared folder (when its filesystem shows it there), so a
+second job's node N is refused at once instead of waiting in the rendezvous for a node 0 that was
+refused.
+
 It is an `fcntl.flock` on an open file: the kernel drops it when the holder's process ends,
 however it ends (SIGKILL and out-of-memory kills included), so a dead run never leaves the folder
 locked, and there is nothing to clean up. The pid in the file is only for the message; the file
@@ -24,7 +29,7 @@ from pathlib import Path
 from zerofit.errors import UserError
 
 LOCK_FILE = "zerofit.lock"
-_held: dict[Path, int] = {}  # run folder (resolved) -> the descriptor holding its lock
+_held: dict[Path, int] = {}  # lock file (resolved) -> the descriptor holding its lock
 
 
 def check_free(run_dir: Path) -> None:
@@ -43,13 +48,19 @@ def check_free(run_dir: Path) -> None:
         os.close(fd)
 
 
-def hold(run_dir: Path) -> None:
-    """Lock ``run_dir`` (an existing folder) for this process, until `release_all` or the
-    process's end; holding it already is a no-op. UserError naming the pid that holds it."""
-    key = run_dir.resolve()
+def lock_file(node: int = 0) -> str:
+    """The lock's file name for a launcher on ``node`` (node 0: the run's own lock)."""
+    return LOCK_FILE if node == 0 else f"zerofit.node{node}.lock"
+
+
+def hold(run_dir: Path, node: int = 0) -> None:
+    """Lock ``run_dir`` (an existing folder) for this process as the launcher of ``node``, until
+    `release_all` or the process's end; holding it already is a no-op. UserError naming the pid
+    that holds it."""
+    key = (run_dir / lock_file(node)).resolve()
     if key in _held:
         return
-    path = run_dir / LOCK_FILE
+    path = run_dir / lock_file(node)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as e:
@@ -66,7 +77,7 @@ def hold(run_dir: Path) -> None:
         )
         return
     if not held:
-        error = _in_use(run_dir, fd)
+        error = _in_use(run_dir, fd, node)
         os.close(fd)
         raise error
     os.ftruncate(fd, 0)
@@ -89,10 +100,11 @@ def _try(fd: int, kind: int) -> bool:
     return False
 
 
-def _in_use(run_dir: Path, fd: int) -> UserError:
+def _in_use(run_dir: Path, fd: int, node: int = 0) -> UserError:
+    who = "another zerofit train" if node == 0 else f"node {node} of another multi-node run"
     return UserError(
-        f"run directory {run_dir} is in use by another zerofit train (pid {_holder(fd)}); wait "
-        "for it to end, or choose another log.run_dir"
+        f"run directory {run_dir} is in use by {who} (pid {_holder(fd)}); wait for it to end, "
+        "or choose another log.run_dir"
     )
 
 
