@@ -122,28 +122,6 @@ def pair_records(files: list[str], n: int, rng: random.Random, rejected: str) ->
     return out
 
 
-def tokenizer(text: str, out: Path, vocab: int):  # noqa: ANN201 - a transformers tokenizer
-    """sft_fixture's byte-level BPE with its specials and chat template, at `vocab` entries: a
-    small table keeps the output layer from dominating a small model's step on a CPU."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = sft_fixture.SPECIALS
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials, show_progress=False)
-    tok.train_from_iterator(
-        (text[i : i + 1_000_000] for i in range(0, len(text), 1_000_000)), trainer
-    )
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=specials[0], eos_token="<|eot_id|>", pad_token="<|pad|>"
-    )
-    fast.chat_template = sft_fixture.TEMPLATE
-    fast.save_pretrained(out)
-    return fast
-
-
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -232,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
 
         tok = AutoTokenizer.from_pretrained(a.tokenizer)
     else:
-        tok = tokenizer("\n".join(base_files)[:4_000_000], out / "tokenizer", a.vocab)
+        # a small table keeps the output layer from dominating a small model's step on a CPU
+        tok = sft_fixture.tokenizer("\n".join(base_files)[:4_000_000], out / "tokenizer", a.vocab)
     base = make_base(a, out, tok, base_files)
     rng = random.Random(a.seed + 1)
     pairs = write_jsonl(out / "pairs.jsonl", pair_records(pair_files, a.pairs, rng, a.rejected))

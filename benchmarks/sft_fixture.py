@@ -76,14 +76,15 @@ def corpus(max_chars: int = 40_000_000) -> str:
     return "\n".join(parts)
 
 
-def tokenizer(text: str, out: Path):  # noqa: ANN201 - a transformers tokenizer
+def tokenizer(text: str, out: Path, vocab: int = 32_000):  # noqa: ANN201 - a transformers tokenizer
+    """A byte-level BPE of ``vocab`` entries trained on ``text``, with SPECIALS and TEMPLATE."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=32_000, special_tokens=SPECIALS, show_progress=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS, show_progress=False)
     chunk = 1_000_000
     tok.train_from_iterator((text[i : i + chunk] for i in range(0, len(text), chunk)), trainer)
     fast = PreTrainedTokenizerFast(

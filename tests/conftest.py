@@ -227,10 +227,11 @@ def shared_run(tmp_path_factory: pytest.TempPathFactory) -> SharedRuns:
     return SharedRuns(tmp_path_factory.mktemp("shared"))
 
 
-# Launches in the background, three at a time: a launch is mostly process start-up (imports, much
+# Launches in the background, four at a time: a launch is mostly process start-up (imports, much
 # of it on one core, then a rendezvous that waits), so several at once keep both cores busy where
-# one leaves a core idle (the full suite on 2 idle cores: 20:03 with two at a time). A module
-# starts its runs here (`POOL.submit(train_run, ...)`) and each test waits for its own.
+# one leaves a core idle (the full suite on 2 idle cores: 20:03 with two at a time, 14:37 with
+# three, 14:11 with four). A module starts its runs here (`POOL.submit(train_run, ...)`) and each
+# test waits for its own.
 POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="zerofit-run")
 
 

@@ -4,21 +4,16 @@ medians of one device call (8B: call 4, 1B: call 5)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
+
+from doc_checks_speed2 import _load
 
 DOC = "docs/benchmarks/2026-12-06-dpo-h100.md"
 D = "2026-12-06-dpo-h100/"
 TRL_8B, LIGER_8B = D + "8b/8b-dpo-trl/results.json", D + "8b/8b-dpo-trl-liger/results.json"
 ZF_8B = D + "8b/8b-dpo-zerofit/results.json"
 TRL_1B, ZF_1B = D + "1b/1b-dpo-trl/results.json", D + "1b/1b-dpo-zerofit/results.json"
-DATA = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "data"
-
-
-def _load(rel: str) -> Any:
-    return json.loads((DATA / rel).read_text())
 
 
 def _zerofit(rel: str) -> dict:

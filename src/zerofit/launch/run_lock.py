@@ -57,10 +57,10 @@ def hold(run_dir: Path, node: int = 0) -> None:
     """Lock ``run_dir`` (an existing folder) for this process as the launcher of ``node``, until
     `release_all` or the process's end; holding it already is a no-op. UserError naming the pid
     that holds it."""
-    key = (run_dir / lock_file(node)).resolve()
+    path = run_dir / lock_file(node)
+    key = path.resolve()
     if key in _held:
         return
-    path = run_dir / lock_file(node)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as e:

@@ -27,7 +27,6 @@ CPU_ADAM_BW = 42e9
 OPT_SWAP_BUFFERS = 4  # offload_optimizer.buffer_count: pinned buffers of the largest sub-group
 OPT_SWAPPED = 4  # tensors a sub-group swaps: fp32 master, two moments, and its fp32 gradient
 PARAM_SWAP_BUFFERS = 5  # offload_param.buffer_count
-PARAM_BUFFER_SIZE = 10**8  # offload_param.buffer_size's default, elements a buffer
 PARAM_MAX_IN_CPU = 10**9  # offload_param.max_in_cpu: elements a rank keeps in host RAM
 RATIO_STEP = 0.05  # the planner's steps of offload_ratio
 SUB_GROUP_SIZE = 10**9  # zero_optimization.sub_group_size: DeepSpeed's default, and zerofit's
@@ -108,7 +107,7 @@ BLOCK_TENSORS = 9  # a decoder block's parameters: q, k, v, o, three FFN matrice
 
 def param_swap_buffers(m: ModelShape, world_size: int, sub_group_size: int) -> tuple[int, int]:
     """(buffer_count, buffer_size) of `offload_param` on NVMe, where DeepSpeed 0.19.8's defaults
-    (PARAM_SWAP_BUFFERS of PARAM_BUFFER_SIZE) fail. Each swapped partition takes a whole buffer
+    (PARAM_SWAP_BUFFERS buffers of 1e8 elements) fail. Each swapped partition takes a whole buffer
     (`partitioned_param_swapper.get_buffer` asserts it fits: a 3B model's embedding on one GPU is
     3.9x the default), and with the optimizer on NVMe too the buffers also stage each optimizer
     sub-group's parameters (`_initialize_from_swapped_fp16_params` asserts they hold the
