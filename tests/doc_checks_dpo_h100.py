@@ -61,10 +61,53 @@ def readme_dpo() -> list[str]:
         f"{liger8['peak_allocated_gib']:.1f}",
         f"1B full DPO runs {zf1['real_tokens_per_s']:,.0f}, {r1:.2f}x TRL, at "
         f"{zf1['mem_alloc_gib']:.1f} GiB against {trl1['peak_allocated_gib']:.1f}",
+        *readme_dpo_mem(),
     ]
 
 
-README_DPO = ([LIGER_8B, ZF_8B, TRL_1B, ZF_1B], readme_dpo)
+def readme_dpo_mem() -> list[str]:
+    """The README's matched-memory sentence: neither side recomputing (one call)."""
+    nogc, (pick, _) = _trl(NOGC), _load(ZF_MEM)["results"]
+    ratio = pick["real_tokens_per_s"] / nogc["real_tokens_per_s"]
+    return [
+        f"8B LoRA DPO runs {pick['real_tokens_per_s']:,.0f} real tokens/s, {ratio:.2f}x TRL + "
+        f"PEFT + Liger Kernel's {nogc['real_tokens_per_s']:,.0f}, at {pick['mem_alloc_gib']:.1f} "
+        f"GiB against {nogc['peak_allocated_gib']:.1f} GiB",
+    ]
+
+
 DPO_H100: dict[str, tuple[list[str], Callable[[], Any], int]] = {
     "dpo-h100": ([TRL_8B, LIGER_8B, ZF_8B, TRL_1B, ZF_1B], dpo_table, 2),
 }
+
+
+MEM = "2026-12-06-dpo-8b-mem-h100/"
+NOGC, ZF_MEM = MEM + "8b-dpo-trl-liger-nogc/results.json", MEM + "8b-dpo-zerofit-mem/results.json"
+
+
+def dpo_8b_mem() -> dict[str, list]:
+    """The matched-memory call: TRL + Liger without checkpointing, zerofit's two variants."""
+    nogc, runs = _trl(NOGC), _load(ZF_MEM)["results"]
+    assert [r["status"] for r in runs] == ["ok", "ok"]
+    pick, capped = runs
+    assert "parallel.activation_checkpointing=full" in pick["overrides"]
+    assert "train.gpu_memory_limit=20GiB" in capped["overrides"]
+
+    def ours(zf: dict) -> list:
+        ratio = zf["real_tokens_per_s"] / nogc["real_tokens_per_s"]
+        return [zf["real_tokens_per_s"], zf["step_time_s"], zf["mem_alloc_gib"], ratio]
+
+    return {
+        "TRL + PEFT + Liger Kernel, no gradient checkpointing": [
+            nogc["real_tokens_per_s"],
+            nogc["step_s_median"],
+            nogc["peak_allocated_gib"],
+            "–",
+        ],
+        "zerofit, the planner's pick (the variant that asked for full AC)": ours(pick),
+        "zerofit, planned for a 20 GiB card (`train.gpu_memory_limit=20GiB`)": ours(capped),
+    }
+
+
+README_DPO = ([LIGER_8B, ZF_8B, TRL_1B, ZF_1B, NOGC, ZF_MEM], readme_dpo)
+DPO_H100["dpo-8b-mem"] = ([NOGC, ZF_MEM], dpo_8b_mem, 1)

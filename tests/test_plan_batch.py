@@ -23,8 +23,10 @@ from zerofit.config import check_world
 from zerofit.config.sizes import memory_fraction, parse_size
 from zerofit.distributed.mesh import DistContext, cap_gpu_memory
 from zerofit.errors import UserError
+from zerofit.launch.resolve import resolve
 from zerofit.launch.run_config import config_from_dict, load_config
 from zerofit.models.shape import ModelShape, shape_from_preset
+from zerofit.planner import auto
 from zerofit.planner.plan import Option, batch_splits, evaluate, plan, recommend
 from zerofit.planner.shape import Hardware
 from zerofit.report.doctor import oom_advice
@@ -401,3 +403,29 @@ def test_auto_plans_for_the_limit_and_picks_the_batch(monkeypatch, capsys) -> No
     fields["train"]["gpu_memory_limit"] = "90GB"
     with pytest.raises(UserError, match="more than the 74.5 GiB of H100 SXM"):
         auto.resolve_auto(config_from_dict(fields), 1)
+
+
+@pytest.mark.parametrize(
+    "ac",
+    [
+        {"activation_checkpointing": "full"},
+        {"activation_checkpointing": "first_k", "ac_blocks": 3},
+        {"activation_checkpointing": "every_k", "ac_every": 4},
+    ],
+)
+def test_auto_keeps_the_activation_checkpointing_the_user_wrote(monkeypatch, capsys, ac) -> None:
+    """`parallel.backend: auto` picked its own recomputation over a written `full` (an H100 DPO
+    run's "full AC" variant peaked at the recipe's 38.7 GiB): the planner picks the engine and
+    keeps what the user wrote, k included; unwritten, it picks the checkpointing too."""
+    here = Hardware(1, 80 * 10**9, cpu_mem=128 * GIB, name="H100 SXM", gpu_from="detected")
+    monkeypatch.setattr(auto, "detect_hardware", lambda: here)
+    fields = {"model": {"preset": "llama3-1b", "seq_len": SEQ}, "parallel": {"backend": "auto"}}
+    free = auto.resolve_auto(config_from_dict(fields), 1)
+    assert free.parallel.activation_checkpointing != "full"  # a roomy card: it recomputes less
+    fields["parallel"].update(ac)
+    cfg = config_from_dict(fields)
+    for got in (auto.resolve_auto(cfg, 1), resolve(cfg, 1, "cuda")):
+        assert got.parallel.backend != "auto"
+        for key, value in ac.items():
+            assert getattr(got.parallel, key) == value, key
+    assert "activation checkpointing as configured" in capsys.readouterr().out

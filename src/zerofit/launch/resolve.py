@@ -3,7 +3,8 @@
 It runs once, in the launcher (or, under an external torchrun/srun, on rank 0 before the others
 train), and its result is saved as the run's config.yaml; workers trust that file. Order:
 - `parallel.compile: auto` becomes true on CUDA, false on CPU;
-- `parallel.backend: auto` becomes the planner's pick for this machine;
+- `parallel.backend: auto` becomes the planner's pick for this machine (keeping the activation
+  checkpointing the user wrote);
 - `precision.mode: auto` and the unset dtypes become explicit (bf16 on GPU, fp32 on CPU);
 - the engine resolves its own section (DeepSpeed merges a user's ds_config.json), knowing which
   keys the user wrote (`explicit_keys`; `precision.mode: auto` counts as unwritten);
@@ -24,7 +25,7 @@ def resolve(cfg: Config, world_size: int, device_type: str) -> Config:
     explicit = explicit_keys(cfg) - ({"precision.mode"} if cfg.precision.mode == "auto" else set())
     cfg = replace(cfg, parallel=replace(cfg.parallel, compile=compiles(cfg.parallel, device_type)))
     if cfg.parallel.backend == "auto":
-        cfg = resolve_auto(cfg, world_size)
+        cfg = resolve_auto(cfg, world_size, explicit)
     cfg = replace(cfg, precision=resolve_precision(cfg.precision, device_type))
     # the keys the user wrote, kept as `zerofit.config` keeps them (`replace` drops them)
     object.__setattr__(cfg, "_explicit", explicit)

@@ -25,6 +25,7 @@ from zerofit.config import Config, compiles, get_field, with_fields
 from zerofit.errors import UserError
 from zerofit.models.shape import ModelShape
 from zerofit.planner.adapters import RANK, estimated_adapters
+from zerofit.planner.auto import keeps_ac
 from zerofit.planner.memory import Strategy, adapters_for, strategy_for
 from zerofit.planner.plan import (
     Option,
@@ -88,19 +89,18 @@ def as_configured(
     the planner's pick under `auto` (as `resolve_auto` takes it: the recommendation, else one
     near the limit, else the closest)."""
     s = configured_strategy(cfg)
-    if s is None:
-        o = recommend(options) or near_limit(options, hw) or closest(options)
-        i = options.index(o)
-        return Configured(o, i + 1, i, True)
-    if splits is None or (w.micro_batch_size, w.grad_accum_steps) in splits:
+    if s is None:  # the activation checkpointing the user wrote is kept (`resolve_auto`)
+        picked = plan(m, w, hw, cfg, splits, keep_ac=True) if keeps_ac(cfg) else options
+        o = recommend(picked) or near_limit(picked, hw) or closest(picked)
+    elif splits is None or (w.micro_batch_size, w.grad_accum_steps) in splits:
         o = evaluate(m, w, hw, s)
     else:
         o = fastest_split(m, w, hw, s, splits)
     for i, x in enumerate(options):
         if x.strategy == o.strategy and (x.workload or w) == (o.workload or w):
-            return Configured(x, i + 1, i, False)
+            return Configured(x, i + 1, i, s is None)
     rank = 1 + sum(1 for x in options if rank_key(x) <= rank_key(o))
-    return Configured(o, rank, None, False)
+    return Configured(o, rank, None, s is None)
 
 
 def _best(options: list[Option]) -> Option:

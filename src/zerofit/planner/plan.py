@@ -80,19 +80,21 @@ def left_out(base: Config | None = None) -> dict[str, str]:
     return out
 
 
-def candidates(hw: Hardware, base: Config | None = None) -> list[Strategy]:
+def candidates(hw: Hardware, base: Config | None = None, keep_ac: bool = False) -> list[Strategy]:
     """Every engine's option sets (on top of `base`'s sections), with each activation
-    checkpointing mode and `base`'s parallel.compile; engines that refuse `base` (`left_out`)
-    have none."""
+    checkpointing mode (`keep_ac`: only `base`'s, with its ac_blocks and ac_every) and `base`'s
+    parallel.compile; engines that refuse `base` (`left_out`) have none."""
     cfg = base or RunConfig()
     refused = left_out(cfg)
+    p = cfg.parallel
+    pinned = (p.ac_blocks, p.ac_every) if keep_ac else ()
     out: list[Strategy] = []
-    for ac in AC_MODES:
+    for ac in [p.activation_checkpointing] if keep_ac else AC_MODES:
         for name, eng in engines().items():
             if name in refused:
                 continue
             for opts in eng.candidates(eng.opts(cfg), hw.nodes, bool(hw.nvme)):
-                out.append(Strategy(name, opts, ac, compiles(cfg.parallel)))
+                out.append(Strategy(name, opts, ac, compiles(p), *pinned))
     return out
 
 
@@ -280,14 +282,16 @@ def plan(
     hw: Hardware,
     base: Config | None = None,
     splits: list[tuple[int, int]] | None = None,
+    keep_ac: bool = False,
 ) -> list[Option]:
     """All options, fitting ones first, fastest first. With `splits` (a fixed global batch's
     `batch_splits`) each strategy at its own micro-batch x accumulation and tuning
-    (`fastest_split`); without, at `w`'s."""
+    (`fastest_split`); without, at `w`'s. `keep_ac`: at `base`'s activation checkpointing only."""
+    found = candidates(hw, base, keep_ac)
     if splits is None:
-        opts = [evaluate(m, w, hw, s) for s in candidates(hw, base)]
+        opts = [evaluate(m, w, hw, s) for s in found]
     else:
-        opts = [fastest_split(m, w, hw, s, splits) for s in candidates(hw, base)]
+        opts = [fastest_split(m, w, hw, s, splits) for s in found]
     ranked = sorted(opts, key=lambda o: (not o.fits, o.speed.step_time, o.memory.peak_reserved))
     return without_offload_first(ranked)
 

@@ -19,8 +19,11 @@ more to the disk and leaves an empty tensor: zerofit's own init writes through i
 (`partitioned_param_coordinator.__prefetch_nvme_param_partitions`) walks the step's trace, in
 which a parameter used in forward and again in backward appears twice, and asks the swapper to
 read both at once: "param N already assigned swap buffer id M" (seen on CPU with 2 ranks; the
-open Megatron-DeepSpeed issue 196 shows the same stack). `dedupe_swap_ins` makes the swapper
-read each parameter once.
+open Megatron-DeepSpeed issue 196 shows the same stack). The same prefetch takes every free swap
+buffer, so a fetch off the trace (a block recomputed under activation checkpointing) finds too
+few: "Not enough swap in buffers 5 for 6 params" (an H100, 2.0B parameters, 21 buffers).
+`dedupe_swap_ins` makes the swapper read each parameter once, and keeps PREFETCH_RESERVE buffers
+out of the prefetch's reach.
 
 Exact fp32 masters (bf16 or fp16 compute): DeepSpeed's `safe_set_full_fp32_param` reads and
 writes back a parameter's whole optimizer sub-group when it is on the disk, for every parameter
@@ -37,6 +40,11 @@ from typing import Any
 
 import torch
 
+from zerofit.backends.deepspeed.costs import BLOCK_TENSORS
+
+# Swap buffers the NVMe prefetch leaves free: one block's tensors, which a fetch off the
+# prefetch's trace reads at once
+PREFETCH_RESERVE = BLOCK_TENSORS
 OPTIM_FILES = (
     "zero_pp_rank_{}_mp_rank_00_optim_states.pt",
     "bf16_zero_pp_rank_{}_mp_rank_00_optim_states.pt",
@@ -132,6 +140,10 @@ def dedupe_swap_ins() -> None:
     def swap_in(self: Any, params: list, async_op: bool = True, swap_in_buffers: Any = None) -> Any:
         if swap_in_buffers is None:
             params = list({id(p): p for p in params}.values())
+            if async_op:  # the prefetch: leave a block's buffers to the fetch in use
+                params = params[: max(0, len(self.available_buffer_ids) - PREFETCH_RESERVE)]
+                if not params:
+                    return None
         return original(self, params, async_op=async_op, swap_in_buffers=swap_in_buffers)
 
     swap_in.zerofit_deduped = True  # type: ignore[attr-defined]
