@@ -54,6 +54,8 @@ from doc_checks_first_k import DOC as FK_DOC
 from doc_checks_first_k import FIRST_K, INDEX_FIRST_K
 from doc_checks_heldout_h100 import DOC as HELDOUT_H100_DOC
 from doc_checks_heldout_h100 import HELDOUT_H100
+from doc_checks_nvme import DOC as NVME_DOC
+from doc_checks_nvme import NVME, README_NVME
 from doc_checks_qlora import DOC as QLORA_DOC
 from doc_checks_qlora import QLORA
 from doc_checks_qlora4 import DOC as QLORA4_DOC
@@ -804,8 +806,10 @@ CHECKS.update({name: Check(QLORA4_DOC, d, fn, key) for name, (d, fn, key) in QLO
 CHECKS.update({name: Check(QLORA5_DOC, d, fn, key) for name, (d, fn, key) in QLORA5.items()})
 CHECKS["readme-qlora"] = Check(README, *README_QLORA)
 CHECKS["readme-dpo"] = Check(README, *README_DPO)
+CHECKS["readme-nvme"] = Check(README, *README_NVME)
 CHECKS.update({name: Check(DPO_DOC, d, fn, key) for name, (d, fn, key) in DPO_CURVE.items()})
 CHECKS.update({name: Check(DPO_H100_DOC, d, fn, key) for name, (d, fn, key) in DPO_H100.items()})
+CHECKS.update({name: Check(NVME_DOC, d, fn, key) for name, (d, fn, key) in NVME.items()})
 CHECKS.update(
     {name: Check(HELDOUT_H100_DOC, d, fn, key) for name, (d, fn, key) in HELDOUT_H100.items()}
 )

@@ -1,0 +1,91 @@
+"""test_doc_figures' checks for docs/benchmarks/2026-12-06-nvme-h100.md (issue 31: NVMe offload on
+one H100): each cell from the run's results.json (`benchmarks/nvme_3b.sh`), the step time the
+median of the steps after the warm-up ones, the errors forecast over measured."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from doc_checks_speed2 import _load
+
+DOC = "docs/benchmarks/2026-12-06-nvme-h100.md"
+RESULTS = "2026-12-06-nvme-h100/results.json"
+WARMUP, TOKENS = 2, 4 * 2 * 2048  # the call's WARMUP, and micro-batch x accumulation x seq
+ROWS = {
+    "cpu": ("optimizer in host RAM (`offload_optimizer: cpu`)", "optimizer in host RAM"),
+    "nvme_optim": ("optimizer on NVMe (`offload_optimizer: nvme`)", "optimizer on NVMe"),
+}
+
+
+def _step(run: dict) -> float:
+    summary = run["measured"]["summary"]
+    assert run["measured"]["returncode"] == 0 and len(summary["step_times_s"]) == 5
+    return statistics.median(summary["step_times_s"][WARMUP:])
+
+
+def _moved(run: dict) -> float:
+    m = run["measured"]
+    return m["disk_read_bytes_per_step"] + m["disk_write_bytes_per_step"]
+
+
+def nvme_table() -> dict[str, list]:
+    """Per variant: step s, tokens/s, GPU peak GiB, rank-0 RSS GiB, disk GB read and written."""
+    out = {}
+    for key, (name, _) in ROWS.items():
+        run = _load(RESULTS)[key]
+        s, m = run["measured"]["summary"], run["measured"]
+        gb = [m["disk_read_bytes_per_step"] / 1e9, m["disk_write_bytes_per_step"] / 1e9]
+        step = _step(run)
+        out[name] = [step, TOKENS / step, s["mem_alloc_gib"], s["host_rss_gib"], *gb]
+    return out
+
+
+def nvme_plan() -> dict[str, list]:
+    """Per variant: the forecast's step s, GPU allocated GiB and disk GB, each with its error."""
+    out = {}
+    for key, (_, name) in ROWS.items():
+        run = _load(RESULTS)[key]
+        f, step, alloc = run["forecast"], _step(run), run["measured"]["summary"]["mem_alloc_gib"]
+        shown = (run["disk"] or {}).get("shown") or [{}]
+        disk = sum(shown[0].get(k, 0.0) for k in ("disk_read_bytes_per_step_per_node",
+                                                   "disk_write_bytes_per_step_per_node"))  # fmt: skip
+        moved = _moved(run)
+        disk_err = "–" if not disk else 100 * (disk / moved - 1)
+        out[name] = [
+            f["step_time_s"],
+            100 * (f["step_time_s"] / step - 1),
+            f["peak_allocated_gib"],
+            100 * (f["peak_allocated_gib"] / alloc - 1),
+            disk / 1e9,
+            disk_err,
+        ]
+    return out
+
+
+def readme_nvme() -> list[str]:
+    """The README's NVMe paragraph: the NVMe step beside the CPU-offload one, and the forecast."""
+    runs = _load(RESULTS)
+    cpu, nvme = runs["cpu"], runs["nvme_optim"]
+    m, step = nvme["measured"], _step(nvme)
+    disk = nvme["disk"]["shown"][0]
+    forecast = (
+        disk["disk_read_bytes_per_step_per_node"] + disk["disk_write_bytes_per_step_per_node"]
+    )
+    return [
+        f"a Llama model of {m['summary']['num_params'] / 1e9:.2f}B parameters",
+        f"a step takes {step:.2f} s ({TOKENS / step:,.0f} tokens/s) and reads and writes "
+        f"{m['disk_read_bytes_per_step'] / 1e9:.2f} GB",
+        f"against {_step(cpu):.2f} s with it in host RAM, at the same "
+        f"{m['summary']['mem_alloc_gib']:.2f} GiB GPU peak",
+        f"planner's disk bytes per step are {100 * (forecast / _moved(nvme) - 1):+.3f}% off",
+        f"its step time is {100 * (nvme['forecast']['step_time_s'] / step - 1):.1f}% high",
+    ]
+
+
+README_NVME = ([RESULTS], readme_nvme)
+NVME: dict[str, tuple[list[str], Callable[[], Any], int]] = {
+    "nvme-h100": ([RESULTS], nvme_table, 1),
+    "nvme-h100-plan": ([RESULTS], nvme_plan, 1),
+}
