@@ -52,11 +52,16 @@ model=(--model.preset llama3-1b --model.seq_len "$seq"
 common=("${model[@]}" --train.micro_batch_size "$micro" --train.grad_accum_steps "$accum"
         --precision.mode bf16 --parallel.backend deepspeed --parallel.deepspeed.stage 3
         --parallel.activation_checkpointing full)
+# NVMe variants at the sub-groups zerofit's planner proposes for NVMe (FINE_SUB_GROUP_SIZE): with
+# the parameters on the disk, each of DeepSpeed's pinned parameter buffers must hold the largest
+# sub-group (21 x 1e9 elements = 42 GB of host RAM at DeepSpeed's default). SUB_GROUP=1000000000:
+# the 2026-12-06 runs.
+fine="--parallel.deepspeed.sub_group_size ${SUB_GROUP:-100000000}"
 args_of() {  # variant -> its own flags
   case $1 in
     cpu) echo --parallel.deepspeed.offload_optimizer cpu ;;
-    nvme_optim) echo --parallel.deepspeed.offload_optimizer nvme --parallel.deepspeed.nvme_path "$nvme" ;;
-    nvme_both) echo --parallel.deepspeed.offload_optimizer nvme --parallel.deepspeed.offload_param nvme --parallel.deepspeed.nvme_path "$nvme" ;;
+    nvme_optim) echo --parallel.deepspeed.offload_optimizer nvme --parallel.deepspeed.nvme_path "$nvme" $fine ;;
+    nvme_both) echo --parallel.deepspeed.offload_optimizer nvme --parallel.deepspeed.offload_param nvme --parallel.deepspeed.nvme_path "$nvme" $fine ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }
