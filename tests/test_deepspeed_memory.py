@@ -17,6 +17,8 @@ The expected GiB come from an independent script of that reading (not from the p
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from zerofit.backends.deepspeed.costs import sub_groups
@@ -61,13 +63,23 @@ def test_the_step_holds_gradients_their_copy_and_its_cast() -> None:
 
 def test_gradients_are_held_in_forward_only_when_accumulated() -> None:
     """The step frees the gradients: with accumulation they live on into the next micro-batch's
-    forward, so the forward phase grows by them (2 bytes/param)."""
+    forward, so the forward phase grows by them (2 bytes/param) and, at ZeRO-1, by the two reduce
+    buckets no epilogue released (2 x 5e8 elements in bf16)."""
     m, s = SHAPES["1.5B"], Strategy.of("deepspeed", stage=1)
     one, many = (estimate(m, Workload(8, 2048, 1, acc), s) for acc in (1, 8))
     assert one.peak_allocated == pytest.approx(
         one.parameters + one.optimizer_states + one.activations + one.logits
     )
-    assert many.peak_allocated - one.peak_allocated == pytest.approx(2 * m.num_params)
+    assert many.peak_allocated - one.peak_allocated == pytest.approx(2 * m.num_params + 2 * 10**9)
+
+
+def test_zero2_accumulating_holds_two_gradient_partitions_in_the_last_backward() -> None:
+    """ZeRO-2, 2 micro-batches a step, where the peak is inside backward: the
+    boundary's backward allocates a new gradient partition beside the accumulated one, 2 bytes a
+    parameter more than with one micro-batch."""
+    m, s = SHAPES["3.6B"], Strategy.of("deepspeed", stage=2)  # "d": the peak inside backward
+    one, two = (estimate(m, Workload(1, 2048, 1, acc, master_dtype="bf16"), s) for acc in (1, 2))
+    assert two.peak_allocated - one.peak_allocated == pytest.approx(2 * m.num_params)
 
 
 def test_without_overlap_there_is_one_bucket() -> None:
@@ -95,12 +107,19 @@ def test_zero3_step_flattens_and_casts_the_largest_sub_group() -> None:
 
 def test_zero3_offload_keeps_parameters_and_the_bucket_on_the_gpu() -> None:
     """The optimizer on the CPU: the gradient partitions go to pinned host memory with the fp32
-    master, moments and gradients; a sub-group kept on the GPU brings its gradient buffer."""
+    master, moments and gradients; a sub-group kept on the GPU brings its gradient buffer. Each
+    pinned buffer is rounded up to a power of two (torch's pinned allocator), and the step
+    converts the largest sub-group's master to bf16 on the host."""
     m = SHAPES["1.5B"]
     P, w = m.num_params, Workload(4, 1024, 1)
     e = estimate(m, w, Strategy.of("deepspeed", stage=3, offload_optimizer="cpu"))
     assert (e.parameters, e.gradients, e.optimizer_states) == (2 * P, 0, 0)
-    assert e.buffers == 4 * BUCKET and e.host == pytest.approx(P * (2 + 16))
+    groups = sub_groups(m, w)
+    pow2 = [2 ** math.ceil(math.log2(b)) for b in (2 * P, *(4 * g for g in groups))]
+    assert e.buffers == 4 * BUCKET
+    assert e.host == pytest.approx(sum(pow2) + 12 * P + 2 * max(groups))
+    unpinned = Strategy.of("deepspeed", stage=3, offload_optimizer="cpu", pin_memory=False)
+    assert estimate(m, w, unpinned).host == pytest.approx(P * (2 + 16) + 2 * max(groups))
     part = Strategy.of("deepspeed", stage=3, offload_optimizer="cpu", offload_ratio=0.5)
     gpu = sub_groups(m, w)[0]
     half = estimate(m, w, part)

@@ -4,6 +4,7 @@ optimizer step takes (CPU Adam, NVMe), from the model's shape and the options.""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ CPU_ADAM_BW = 42e9
 # NVMe offload, DeepSpeed 0.19.8's defaults (`runtime/zero/offload_config.py`; zerofit sets none)
 OPT_SWAP_BUFFERS = 4  # offload_optimizer.buffer_count: pinned buffers of the largest sub-group
 OPT_SWAPPED = 4  # tensors a sub-group swaps: fp32 master, two moments, and its fp32 gradient
+ADAM_MOMENTS = 2  # CPU Adam's exp_avg and exp_avg_sq
 PARAM_SWAP_BUFFERS = 5  # offload_param.buffer_count
 PARAM_MAX_IN_CPU = 10**9  # offload_param.max_in_cpu: elements a rank keeps in host RAM
 RATIO_STEP = 0.05  # the planner's steps of offload_ratio
@@ -88,7 +90,9 @@ def nvme_terms(m: ModelShape, w: Workload, opts: DeepSpeedOptions) -> NvmeTerms:
     if opts.offload_optimizer == "nvme":
         largest = min(max(sub_groups(m, w, opts.sub_group_size)), local)
         disk += OPT_SWAPPED * local * w.e_m
-        host += OPT_SWAP_BUFFERS * largest * w.e_m
+        # the pinned swap buffers, and at the first step CPU Adam's two moments of a sub-group,
+        # created in plain host RAM before they are swapped out (`cpu_adam.py`: no state yet)
+        host += (OPT_SWAP_BUFFERS + ADAM_MOMENTS) * largest * w.e_m
         read += OPT_SWAPPED * local * w.e_m
         write += OPT_SWAPPED * local * w.e_m  # the gradient, then master and moments
     if opts.offload_param == "nvme":
@@ -148,7 +152,25 @@ def stage12_phases(
     if W > 1:  # the all-gather of the updated parameters, after the step's temporaries
         gather = min(opts.allgather_bucket_size, T) if w.lora else opts.allgather_bucket_size
         mem.step_buffers = max(mem.step_buffers, gather * w.e_c)
+    if w.grad_accum_steps > 1 and opts.offload_optimizer == "none":
+        _accumulating(mem, w, opts, T, grads, buckets)
     return grads
+
+
+def _accumulating(
+    mem: EngineMemory, w: Workload, opts: DeepSpeedOptions, T: float, grads: float, buckets: float
+) -> None:
+    """ZeRO-1/2 with gradients accumulating over micro-batches (`stage_1_and_2.py`). Stage 2: the
+    epilogue of a micro-batch short of the boundary keeps views of `grads_in_partition` and
+    drops the buffer, so the boundary's backward allocates a second one beside them until its
+    epilogue adds the two. Stage 1: short of the boundary nothing is reduced and no epilogue
+    releases the reduce buckets, which live on through the next forward; in the boundary's
+    backward each accumulated `param.grad` is freed only as its hook copies it into a bucket."""
+    if opts.stage == 2:
+        mem.backward = tuple((at, b + grads) for at, b in mem.backward)
+    else:
+        mem.held_grads = grads + buckets
+        mem.backward = tuple((at, b + max(0.0, T - at) * w.e_c) for at, b in mem.backward)
 
 
 def stage3_phases(
@@ -166,8 +188,8 @@ def stage3_phases(
     groups = sub_groups(m, w, opts.sub_group_size)
     if opts.offload_optimizer != "none":  # NVMe: the same on the GPU, the states on the disk
         r = cpu_share(m, w, opts)
-        kept = r * local * 4 * w.e_m if opts.offload_optimizer == "cpu" else 0.0
-        mem.host += grads + kept  # partitions pinned; master, moments, grads
+        pin = pinned if opts.pin_memory else float
+        mem.host += pin(grads) + _host_optimizer(m, w, opts, groups, pin)
         gpu = groups[: int((1 - opts.offload_ratio) * len(groups))]
         mem.step_buffers = 4 * max(gpu, default=0.0)
         norm = max(8 * min(head, NORM_CHUNK), 4 * head)  # the head's fp64 norm or fp32 cast
@@ -179,6 +201,28 @@ def stage3_phases(
     mem.step_buffers = max(largest * w.e_c + cast, _norm_copy(m))
     mem.backward = ((bucket, reduce),)
     return opt, grads
+
+
+def pinned(nbytes: float) -> float:
+    """The host bytes a pinned tensor of `nbytes` takes: torch's CachingHostAllocator (DeepSpeed's
+    `pin_memory()`) rounds each block up to a power of two."""
+    return float(2 ** math.ceil(math.log2(nbytes))) if nbytes > 1 else float(nbytes)
+
+
+def _host_optimizer(
+    m: ModelShape, w: Workload, opts: DeepSpeedOptions, groups: list[float], pin: Callable
+) -> float:
+    """ZeRO-3's offloaded optimizer in host RAM beside the pinned gradient partitions: with
+    "cpu", each offloaded sub-group's fp32 master and two moments and its pinned fp32 gradient
+    buffer (`stage3.py`: one a sub-group); with either, the step's copy of the largest offloaded
+    sub-group's updated master to the GPU, converted to the compute dtype on the host first (a
+    blocking copy with a dtype change: none when the master is in the compute dtype)."""
+    cpu = opts.offload_optimizer == "cpu"
+    host = groups[int((1 - opts.offload_ratio) * len(groups)) :] if cpu else groups
+    temp = max(host, default=0.0) * w.e_c if w.e_m != w.e_c else 0.0
+    if not cpu:
+        return temp
+    return 3 * sum(host) * w.e_m + sum(pin(g * w.e_m) for g in host) + temp
 
 
 def decayed_matrices(m: ModelShape) -> list[int]:

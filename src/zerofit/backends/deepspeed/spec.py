@@ -30,7 +30,9 @@ stage_1_and_2.py` (DeepSpeedZeroOptimizer with FusedAdam: zerofit sets no fp32 g
 accumulation dtype, so not BF16_Optimizer). Resident: the flat bf16 parameters, the master
 partition and Adam's two moments in the master dtype. The gradients (`grads_in_partition`) are in
 the model dtype at both stages, whatever the reduce dtype; the step frees them, so a forward holds
-none unless gradients accumulate. Inside backward: two reduce buckets (`overlap_comm`) of
+none unless gradients accumulate (then see `costs._accumulating`: ZeRO-1 also keeps its reduce
+buckets through the next forward, ZeRO-2 a second gradient partition in the boundary's
+backward). Inside backward: two reduce buckets (`overlap_comm`) of
 `reduce_bucket_size` in the model dtype, plus the bucket being reduced cast to the reduce dtype,
 beside the activations not yet freed (the peak of a large model at a short sequence). The step
 flattens each group's gradients (`torch.cat`) and casts the copy to the master dtype: with fp32
@@ -121,7 +123,14 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
     nvme_dir_key = "parallel.deepspeed.nvme_path"
     file_command = "ds-config"
     file_help = "print the DeepSpeed JSON a config turns into"
-    plan_keys = ("stage", "offload_optimizer", "offload_param", "offload_ratio", "sub_group_size")
+    plan_keys = (
+        "stage",
+        "offload_optimizer",
+        "offload_param",
+        "offload_ratio",
+        "sub_group_size",
+        "pin_memory",
+    )
     efficiency = 0.30  # eager, hidden 2048 (llama3-1b on an H200)
     compile_gain = 1.54
 
@@ -232,7 +241,10 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
         if nvme:  # sub-groups of FINE_SUB_GROUP_SIZE: its pinned swap buffers hold 4 of them
             swap = replace(plain, offload_optimizer="nvme", sub_group_size=FINE_SUB_GROUP_SIZE)
             size = min(base.sub_group_size, FINE_SUB_GROUP_SIZE)
-            out += [replace(swap, offload_param=p, sub_group_size=size) for p in ("cpu", "nvme")]
+            disk = [replace(swap, offload_param=p, sub_group_size=size) for p in ("cpu", "nvme")]
+            # unpinned, listed last (the same forecast speed: pageable copies are not costed, so
+            # a tie keeps the pinned one): torch rounds each pinned buffer up to a power of two
+            out += disk + [replace(o, pin_memory=False) for o in disk if o.pin_memory]
         return out
 
     def tunings(self, opts: DeepSpeedOptions) -> list[DeepSpeedOptions]:
@@ -268,6 +280,9 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
                 name += f" ({elements(opts.sub_group_size)} sub-groups)"
         if opts.offload_param != "none":
             name += f" + params->{opts.offload_param}"
+        offloads = opts.offload_optimizer != "none" or opts.offload_param != "none"
+        if offloads and not opts.pin_memory:
+            name += " (unpinned)"
         return name
 
     def memory(self, m: ModelShape, w: Workload, opts: DeepSpeedOptions) -> EngineMemory:
