@@ -22,6 +22,7 @@ from zerofit.backends.terms import EngineMemory
 from zerofit.checkpoint import compat
 from zerofit.config import Config, explicit_keys, save_config
 from zerofit.config.limits import shown
+from zerofit.config.sizes import human_bytes
 from zerofit.errors import UserError
 from zerofit.launch import run_lock
 from zerofit.launch.options import LaunchOptions, PreparedRun
@@ -29,6 +30,8 @@ from zerofit.launch.requirements import check_installed
 from zerofit.launch.resolve import resolve
 from zerofit.models.shape import shape_from_config
 from zerofit.planner.memory import workload_for
+from zerofit.planner.plan import HOST_SHARE
+from zerofit.planner.shape import host_ram
 from zerofit.report.metrics import truncate_metrics
 from zerofit.train.inputs import build_inputs, checkpoint_meta, make_loader, resolve_steps
 
@@ -60,15 +63,45 @@ def local_ranks(opts: LaunchOptions, world_size: int) -> int:
 
 
 def check_machine(cfg: Config, world_size: int, ranks_here: int) -> None:
-    """What this node must offer the resolved config (the engine's `check_machine`: NVMe
-    offload's op and directory, sized by the planner's bytes per rank), before any rank starts."""
+    """What this node must offer the resolved config, before any rank starts: the engine's
+    `check_machine` (NVMe offload's op and directory, sized by the planner's bytes per rank), and
+    host RAM for what the planner counts there (`check_host_ram`)."""
     engine = engine_of(cfg)
+    found: list[EngineMemory] = []
 
     def planned() -> EngineMemory:
-        w = workload_for(cfg, world_size)
-        return engine.memory(shape_from_config(cfg), w, engine.opts(cfg))
+        if not found:
+            w = workload_for(cfg, world_size)
+            found.append(engine.memory(shape_from_config(cfg), w, engine.opts(cfg)))
+        return found[0]
 
     engine.check_machine(cfg, planned, ranks_here)
+    check_host_ram(planned().host, ranks_here, host_ram())
+
+
+def check_host_ram(per_rank: float, ranks: int, total: int | None) -> None:
+    """Offloaded states and pinned buffers (the planner's host bytes, torch's pinned rounding
+    included) over this machine's RAM: one line, before any rank pins a byte; over the planner's
+    share of it (HOST_SHARE), a note."""
+    need = per_rank * ranks
+    if not need or total is None:
+        return
+    what = (
+        f"host RAM: {ranks} rank(s) x {human_bytes(per_rank)} of offloaded states and pinned "
+        f"buffers (the planner's count) = {human_bytes(need)}"
+    )
+    if need > total:
+        raise UserError(
+            f"{what}, more than this machine's {human_bytes(total)}; "
+            "`zerofit plan -c CONFIG` lists what fits"
+        )
+    if need > HOST_SHARE * total:
+        print(
+            f"note: {what}, over {HOST_SHARE:.0%} of this machine's {human_bytes(total)}: "
+            "the OS and the data loader need the rest",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def ensure_writable_dir(path: Path, what: str) -> None:
