@@ -18,12 +18,13 @@ from zerofit.backends.terms import Workload
 from zerofit.cli import main
 from zerofit.errors import UserError
 from zerofit.launch import prepare
-from zerofit.launch.resolve import resolve
+from zerofit.launch.options import LaunchOptions
 from zerofit.launch.run_config import load_config
 from zerofit.models.shape import shape_from_preset
 
 GIB = 2**30
 OFFLOAD = ["parallel.backend=deepspeed", "parallel.deepspeed.offload_optimizer=cpu"]
+TINY = ["model.preset=tiny", "train.steps=1"]
 
 
 def test_more_than_the_machine_is_one_line_and_a_share_over_the_planners_is_a_note(
@@ -45,18 +46,16 @@ def test_more_than_the_machine_is_one_line_and_a_share_over_the_planners_is_a_no
 
 
 def test_an_offload_the_machine_cannot_hold_is_refused_before_any_rank(
-    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The launcher's machine check counts the planner's host bytes per rank: ZeRO-3 with the
-    optimizer in host RAM on a machine said to have 1 MiB; without offload nothing is counted."""
-    cfg = resolve(load_config(None, ["model.preset=tiny", *OFFLOAD]), 2, "cpu")
+    """The launcher's checks count the planner's host bytes per rank: ZeRO-3 with the optimizer
+    in host RAM on a machine said to have 1 MiB; without offload nothing is counted."""
     monkeypatch.setattr(prepare, "host_ram", lambda: 2**20)
+    opts = LaunchOptions()
     with pytest.raises(UserError, match=r"^host RAM: 2 rank\(s\) x .* more than this machine's"):
-        prepare.check_machine(cfg, 2, 2)
-    plain = resolve(
-        load_config(None, ["model.preset=tiny", "parallel.backend=deepspeed"]), 2, "cpu"
-    )
-    prepare.check_machine(plain, 2, 2)
+        prepare.prepare_run(load_config(None, [*TINY, *OFFLOAD]), opts, 2, "cpu", create=False)
+    plain = load_config(None, [*TINY, "parallel.backend=deepspeed"])
+    prepare.prepare_run(plain, opts, 2, "cpu", create=False)
 
 
 def test_train_refuses_an_offload_larger_than_any_machine(tmp_path) -> None:  # noqa: ANN001

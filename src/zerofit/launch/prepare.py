@@ -62,21 +62,18 @@ def local_ranks(opts: LaunchOptions, world_size: int) -> int:
     return int(given) if given.isdigit() and int(given) > 0 else world_size // max(1, opts.nnodes)
 
 
-def check_machine(cfg: Config, world_size: int, ranks_here: int) -> None:
-    """What this node must offer the resolved config, before any rank starts: the engine's
-    `check_machine` (NVMe offload's op and directory, sized by the planner's bytes per rank), and
-    host RAM for what the planner counts there (`check_host_ram`)."""
+def _planned(cfg: Config, world_size: int) -> EngineMemory:
+    """The planner's memory of the resolved config, per rank."""
     engine = engine_of(cfg)
-    found: list[EngineMemory] = []
+    w = workload_for(cfg, world_size)
+    return engine.memory(shape_from_config(cfg), w, engine.opts(cfg))
 
-    def planned() -> EngineMemory:
-        if not found:
-            w = workload_for(cfg, world_size)
-            found.append(engine.memory(shape_from_config(cfg), w, engine.opts(cfg)))
-        return found[0]
 
-    engine.check_machine(cfg, planned, ranks_here)
-    check_host_ram(planned().host, ranks_here, host_ram())
+def check_machine(cfg: Config, world_size: int, ranks_here: int) -> None:
+    """What this node must offer the resolved config (the engine's `check_machine`: NVMe
+    offload's op and directory, sized by the planner's bytes per rank), before any rank starts.
+    Host RAM is checked once the inputs are (`check_host_ram`, from `prepare_run`)."""
+    engine_of(cfg).check_machine(cfg, lambda: _planned(cfg, world_size), ranks_here)
 
 
 def check_host_ram(per_rank: float, ranks: int, total: int | None) -> None:
@@ -246,6 +243,7 @@ def prepare_run(
     check_installed(cfg)  # before anything imports them, and before any worker starts
     check_machine(cfg, world_size, local_ranks(opts, world_size))
     inputs = build_inputs(cfg, world_size)  # raises if the data cannot fill one global batch
+    check_host_ram(_planned(cfg, world_size).host, local_ranks(opts, world_size), host_ram())
     cfg, data_note = resolve_steps(cfg, inputs.data, world_size, steps_given)  # train.epochs
     make_loader(cfg, inputs.data, 0, world_size)
     launch = engine_of(cfg).launch_check(cfg, world_size)  # the engine library's files
