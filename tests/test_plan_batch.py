@@ -27,7 +27,7 @@ from zerofit.launch.resolve import resolve
 from zerofit.launch.run_config import config_from_dict, load_config
 from zerofit.models.shape import ModelShape, shape_from_preset
 from zerofit.planner import auto
-from zerofit.planner.plan import Option, batch_splits, evaluate, plan, recommend
+from zerofit.planner.plan import Option, batch_splits, candidates, evaluate, plan, recommend
 from zerofit.planner.shape import Hardware
 from zerofit.report.doctor import oom_advice
 
@@ -429,3 +429,14 @@ def test_auto_keeps_the_activation_checkpointing_the_user_wrote(monkeypatch, cap
         for key, value in ac.items():
             assert getattr(got.parallel, key) == value, key
     assert "activation checkpointing as configured" in capsys.readouterr().out
+
+
+def test_kept_checkpointing_is_among_the_plans_own_strategies() -> None:
+    """`full` kept under `auto`: the kept strategies are the plan's own `full` rows (the same
+    ac_blocks and ac_every), so `plan -c` finds its pick among them and ranks it."""
+    fields = {"backend": "auto", "activation_checkpointing": "full"}
+    cfg = config_from_dict({"model": {"preset": "llama3-1b"}, "parallel": fields})
+    hw = Hardware(1, 80 * 10**9, cpu_mem=128 * GIB)
+    kept = candidates(hw, cfg, keep_ac=True)
+    assert kept and {s.activation_checkpointing for s in kept} == {"full"}
+    assert kept == [s for s in candidates(hw, cfg) if s.activation_checkpointing == "full"]

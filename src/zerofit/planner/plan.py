@@ -87,9 +87,11 @@ def candidates(hw: Hardware, base: Config | None = None, keep_ac: bool = False) 
     cfg = base or RunConfig()
     refused = left_out(cfg)
     p = cfg.parallel
-    pinned = (p.ac_blocks, p.ac_every) if keep_ac else ()
+    mode = p.activation_checkpointing  # its k only where the mode reads it, as the run does
+    blocks = p.ac_blocks if mode == "first_k" else None
+    pinned = (blocks, p.ac_every if mode == "every_k" else Strategy.ac_every) if keep_ac else ()
     out: list[Strategy] = []
-    for ac in [p.activation_checkpointing] if keep_ac else AC_MODES:
+    for ac in [mode] if keep_ac else AC_MODES:
         for name, eng in engines().items():
             if name in refused:
                 continue
