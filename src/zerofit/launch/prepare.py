@@ -6,10 +6,12 @@ processes); under an external torchrun or srun it joins that process group inste
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -69,20 +71,26 @@ def _planned(cfg: Config, world_size: int) -> EngineMemory:
     return engine.memory(shape_from_config(cfg), w, engine.opts(cfg))
 
 
-def check_machine(cfg: Config, world_size: int, ranks_here: int) -> None:
+def check_machine(
+    cfg: Config,
+    world_size: int,
+    ranks_here: int,
+    planned: Callable[[], EngineMemory] | None = None,
+) -> None:
     """What this node must offer the resolved config (the engine's `check_machine`: NVMe
-    offload's op and directory, sized by the planner's bytes per rank), before any rank starts.
-    Host RAM is checked once the inputs are (`check_host_ram`, from `prepare_run`)."""
-    engine_of(cfg).check_machine(cfg, lambda: _planned(cfg, world_size), ranks_here)
+    offload's op and directory, sized by the planner's bytes per rank, `planned`), before any
+    rank starts. Host RAM is checked once the inputs are (`check_host_ram`, from `prepare_run`)."""
+    planned = planned or (lambda: _planned(cfg, world_size))
+    engine_of(cfg).check_machine(cfg, planned, ranks_here)
 
 
-def check_host_ram(per_rank: float, ranks: int, total: int | None) -> None:
+def check_host_ram(per_rank: float, ranks: int, total: int | None) -> str | None:
     """Offloaded states and pinned buffers (the planner's host bytes, torch's pinned rounding
     included) over this machine's RAM: one line, before any rank pins a byte; over the planner's
-    share of it (HOST_SHARE), a note."""
+    share of it (HOST_SHARE), the note to print (None: nothing to say)."""
     need = per_rank * ranks
     if not need or total is None:
-        return
+        return None
     what = (
         f"host RAM: {ranks} rank(s) x {human_bytes(per_rank)} of offloaded states and pinned "
         f"buffers (the planner's count) = {human_bytes(need)}"
@@ -93,12 +101,11 @@ def check_host_ram(per_rank: float, ranks: int, total: int | None) -> None:
             "`zerofit plan -c CONFIG` lists what fits"
         )
     if need > HOST_SHARE * total:
-        print(
-            f"note: {what}, over {HOST_SHARE:.0%} of this machine's {human_bytes(total)}: "
-            "the OS and the data loader need the rest",
-            file=sys.stderr,
-            flush=True,
+        return (
+            f"{what}, over {HOST_SHARE:.0%} of this machine's {human_bytes(total)}: "
+            "the OS and the data loader need the rest"
         )
+    return None
 
 
 def ensure_writable_dir(path: Path, what: str) -> None:
@@ -241,9 +248,11 @@ def prepare_run(
     steps_given = "train.steps" in explicit_keys(cfg)  # lost by the replace()s below
     cfg = resolve(_expand_user(cfg), world_size, device_type)
     check_installed(cfg)  # before anything imports them, and before any worker starts
-    check_machine(cfg, world_size, local_ranks(opts, world_size))
+    ranks = local_ranks(opts, world_size)
+    planned = functools.cache(lambda: _planned(cfg, world_size))  # for both checks below
+    check_machine(cfg, world_size, ranks, planned)
     inputs = build_inputs(cfg, world_size)  # raises if the data cannot fill one global batch
-    check_host_ram(_planned(cfg, world_size).host, local_ranks(opts, world_size), host_ram())
+    ram_note = check_host_ram(planned().host, ranks, host_ram())
     cfg, data_note = resolve_steps(cfg, inputs.data, world_size, steps_given)  # train.epochs
     make_loader(cfg, inputs.data, 0, world_size)
     launch = engine_of(cfg).launch_check(cfg, world_size)  # the engine library's files
@@ -271,6 +280,6 @@ def prepare_run(
     for name, text in launch.files.items():
         (config_file.parent / name).write_text(text)
     # last: a refused run prints nothing but its error line
-    for line in [data_note, *launch.notes] if data_note else launch.notes:
+    for line in [n for n in (data_note, ram_note) if n] + list(launch.notes):
         print(f"note: {line}", file=sys.stderr, flush=True)
     return PreparedRun(cfg, run_dir, config_file, resume_from)

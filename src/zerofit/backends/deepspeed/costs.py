@@ -188,10 +188,11 @@ def stage3_phases(
     groups = sub_groups(m, w, opts.sub_group_size)
     if opts.offload_optimizer != "none":  # NVMe: the same on the GPU, the states on the disk
         r = cpu_share(m, w, opts)
+        on_gpu = int((1 - opts.offload_ratio) * len(groups))  # as cpu_share counts them
         pin = pinned if opts.pin_memory else float
-        mem.host += pin(grads) + _host_optimizer(m, w, opts, groups, pin)
-        gpu = groups[: int((1 - opts.offload_ratio) * len(groups))]
-        mem.step_buffers = 4 * max(gpu, default=0.0)
+        cpu = opts.offload_optimizer == "cpu"  # NVMe: every sub-group swaps through the host
+        mem.host += pin(grads) + _host_optimizer(w, groups[on_gpu:] if cpu else groups, cpu, pin)
+        mem.step_buffers = 4 * max(groups[:on_gpu], default=0.0)
         norm = max(8 * min(head, NORM_CHUNK), 4 * head)  # the head's fp64 norm or fp32 cast
         reduce = max(reduce, w.e_c * (bucket + head) + norm)
         mem.backward = ((bucket, reduce),)
@@ -209,16 +210,13 @@ def pinned(nbytes: float) -> float:
     return float(2 ** math.ceil(math.log2(nbytes))) if nbytes > 1 else float(nbytes)
 
 
-def _host_optimizer(
-    m: ModelShape, w: Workload, opts: DeepSpeedOptions, groups: list[float], pin: Callable
-) -> float:
-    """ZeRO-3's offloaded optimizer in host RAM beside the pinned gradient partitions: with
-    "cpu", each offloaded sub-group's fp32 master and two moments and its pinned fp32 gradient
-    buffer (`stage3.py`: one a sub-group); with either, the step's copy of the largest offloaded
-    sub-group's updated master to the GPU, converted to the compute dtype on the host first (a
-    blocking copy with a dtype change: none when the master is in the compute dtype)."""
-    cpu = opts.offload_optimizer == "cpu"
-    host = groups[int((1 - opts.offload_ratio) * len(groups)) :] if cpu else groups
+def _host_optimizer(w: Workload, host: list[float], cpu: bool, pin: Callable) -> float:
+    """ZeRO-3's offloaded optimizer in host RAM beside the pinned gradient partitions, for its
+    sub-groups off the GPU (`host`): with "cpu" (`cpu`), each one's fp32 master and two moments
+    and its pinned fp32 gradient buffer (`stage3.py`: one a sub-group); with either, the step's
+    copy of the largest one's updated master to the GPU, converted to the compute dtype on the
+    host first (a blocking copy with a dtype change: none when the master is in the compute
+    dtype)."""
     temp = max(host, default=0.0) * w.e_c if w.e_m != w.e_c else 0.0
     if not cpu:
         return temp
