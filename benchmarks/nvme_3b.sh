@@ -61,7 +61,10 @@ args_of() {  # variant -> its own flags
   case $1 in
     cpu) echo --parallel.deepspeed.offload_optimizer cpu ;;
     nvme_optim) echo --parallel.deepspeed.offload_optimizer nvme --parallel.deepspeed.nvme_path "$nvme" $fine ;;
-    nvme_both) echo --parallel.deepspeed.offload_optimizer nvme --parallel.deepspeed.offload_param nvme --parallel.deepspeed.nvme_path "$nvme" $fine ;;
+    # nvme_both uncompiled: compiled blocks failed twice on the H100 in Triton's LLVM pass
+    # ("PassManager::run failed", RMSNorm) with the parameters on NVMe (data/2026-12-06-nvme-h100/both2,
+    # both3); zerofit's compile auto is off there too, written here so that the plan forecasts it
+    nvme_both) echo --parallel.deepspeed.offload_optimizer nvme --parallel.deepspeed.offload_param nvme --parallel.deepspeed.nvme_path "$nvme" $fine ${BOTH_COMPILE:---parallel.compile false} ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }

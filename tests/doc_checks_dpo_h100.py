@@ -62,6 +62,18 @@ def readme_dpo() -> list[str]:
         f"1B full DPO runs {zf1['real_tokens_per_s']:,.0f}, {r1:.2f}x TRL, at "
         f"{zf1['mem_alloc_gib']:.1f} GiB against {trl1['peak_allocated_gib']:.1f}",
         *readme_dpo_mem(),
+        *readme_dpo_ac(),
+    ]
+
+
+def readme_dpo_ac() -> list[str]:
+    """The README's sentence on the recomputing call: DDP at 4 pairs x 2 against TRL + Liger."""
+    gc, ddp = _trl(GC), _ac_runs()["DDP + full AC, 4 pairs x 2"]
+    ratio = ddp["real_tokens_per_s"] / gc["real_tokens_per_s"]
+    return [
+        f"runs {ddp['real_tokens_per_s']:,.0f} real tokens/s, {ratio:.2f}x TRL + PEFT + Liger "
+        f"Kernel's {gc['real_tokens_per_s']:,.0f}, at {ddp['mem_alloc_gib']:.1f} GiB against "
+        f"{gc['peak_allocated_gib']:.1f} GiB",
     ]
 
 
@@ -109,5 +121,66 @@ def dpo_8b_mem() -> dict[str, list]:
     }
 
 
-README_DPO = ([LIGER_8B, ZF_8B, TRL_1B, ZF_1B, NOGC, ZF_MEM], readme_dpo)
 DPO_H100["dpo-8b-mem"] = ([NOGC, ZF_MEM], dpo_8b_mem, 1)
+
+
+AC = "2026-12-06-dpo-8b-ac-h100/"
+GC, ZF_AC = AC + "8b-dpo-trl-liger/results.json", AC + "8b-dpo-zerofit-ac/results.json"
+AC_ROWS = {  # the doc's row -> (the bench variant, the plan JSON of its config)
+    "zerofit, DDP + full AC, 4 pairs x 2": ("DDP + full AC, 4 pairs x 2", "plan-ddp42.json"),
+    "zerofit, DDP + full AC, 2 pairs x 4": ("DDP + full AC, 2 pairs x 4", "plan-ddp24.json"),
+    "zerofit, `backend: auto` + full AC (FSDP full-shard + AC), 2 pairs x 4": (
+        "auto + full AC, 2 pairs x 4",
+        "plan-auto.json",
+    ),
+}
+
+
+def _ac_runs() -> dict[str, dict]:
+    runs = {r["name"]: r for r in _load(ZF_AC)["results"]}
+    assert all(r["status"] == "ok" and r["measured_steps"] == 10 for r in runs.values())
+    assert all("parallel.activation_checkpointing=full" in r["overrides"] for r in runs.values())
+    return runs
+
+
+def dpo_8b_ac() -> dict[str, list]:
+    """The recomputing call: TRL + Liger with gradient checkpointing, zerofit's three runs."""
+    gc, runs = _trl(GC), _ac_runs()
+    assert gc["stack"] == "trl-dpo+peft+liger+gc" and gc["micro"] * gc["accum"] == 8
+    out = {
+        "TRL + PEFT + Liger Kernel, gradient checkpointing, 4 pairs x 2": [
+            gc["real_tokens_per_s"],
+            gc["step_s_median"],
+            gc["peak_allocated_gib"],
+            "–",
+        ]
+    }
+    for row, (name, _) in AC_ROWS.items():
+        zf = runs[name]
+        ratio = zf["real_tokens_per_s"] / gc["real_tokens_per_s"]
+        out[row] = [zf["real_tokens_per_s"], zf["step_time_s"], zf["mem_alloc_gib"], ratio]
+    return out
+
+
+def dpo_8b_ac_plan() -> dict[str, list]:
+    """Each zerofit run against `plan --json`'s as-configured row for its config."""
+    runs, out = _ac_runs(), {}
+    for row, (name, plan) in AC_ROWS.items():
+        zf, f = runs[name], _load(AC + plan)["as_configured"]
+        label = row.removeprefix("zerofit, ")
+        out[label] = [
+            f["peak_allocated_gib"],
+            100 * (f["peak_allocated_gib"] / zf["mem_alloc_gib"] - 1),
+            f["step_time_s"],
+            100 * (f["step_time_s"] / zf["step_time_s"] - 1),
+        ]
+    return out
+
+
+DPO_H100["dpo-8b-ac"] = ([GC, ZF_AC], dpo_8b_ac, 1)
+DPO_H100["dpo-8b-ac-plan"] = (
+    [ZF_AC, *(AC + plan for _, plan in AC_ROWS.values())],
+    dpo_8b_ac_plan,
+    1,
+)
+README_DPO = ([LIGER_8B, ZF_8B, TRL_1B, ZF_1B, NOGC, ZF_MEM, GC, ZF_AC], readme_dpo)

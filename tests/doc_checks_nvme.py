@@ -81,11 +81,73 @@ def readme_nvme() -> list[str]:
         f"{m['summary']['mem_alloc_gib']:.2f} GiB GPU peak",
         f"planner's disk bytes per step are {100 * (forecast / _moved(nvme) - 1):+.3f}% off",
         f"its step time is {100 * (nvme['forecast']['step_time_s'] / step - 1):.1f}% high",
+        *readme_nvme_both(),
     ]
 
 
-README_NVME = ([RESULTS], readme_nvme)
+def readme_nvme_both() -> list[str]:
+    """The README's sentence on the run with the parameters on NVMe too."""
+    rel, key = FINE["optimizer and parameters on NVMe (4)"]
+    run = _load(rel)[key]
+    step, moved, shown = _step(run), _moved(run), run["disk"]["shown"][0]
+    forecast = (
+        shown["disk_read_bytes_per_step_per_node"] + shown["disk_write_bytes_per_step_per_node"]
+    )
+    return [
+        f"a step takes {step:.2f} s and moves {moved / 1e9:.2f} GB",
+        f"planner's bytes are {100 * (forecast / moved - 1):+.1f}% off and its step time "
+        f"{100 * (run['forecast']['step_time_s'] / step - 1):.1f}% high",
+    ]
+
+
+FINE = {  # the second session: (results.json, variant, the row's label)
+    "optimizer on NVMe (3)": ("2026-12-06-nvme-h100/both4/results.json", "nvme_optim"),
+    "optimizer and parameters on NVMe (4)": (
+        "2026-12-06-nvme-h100/both5/results.json",
+        "nvme_both",
+    ),
+}
+
+
+def nvme_fine() -> dict[str, list]:
+    """The 1e8 sub-group runs: as `nvme_table`, each from its own call's results.json."""
+    out = {}
+    for name, (rel, key) in FINE.items():
+        run = _load(rel)[key]
+        s, m, step = run["measured"]["summary"], run["measured"], _step(run)
+        assert s["world_size"] == 1 and "100000000" in m["args"]  # 1e8 sub-groups, one GPU
+        gb = [m["disk_read_bytes_per_step"] / 1e9, m["disk_write_bytes_per_step"] / 1e9]
+        out[name] = [step, TOKENS / step, s["mem_alloc_gib"], s["host_rss_gib"], *gb]
+    return out
+
+
+def nvme_fine_plan() -> dict[str, list]:
+    """Each 1e8 run against its own call's probe and forecast, and its RSS over the host one."""
+    out = {}
+    for name, (rel, key) in FINE.items():
+        run = _load(rel)[key]
+        f, disk, step = run["forecast"], run["disk"], _step(run)
+        s = run["measured"]["summary"]
+        shown = disk["shown"][0]
+        forecast = (
+            shown["disk_read_bytes_per_step_per_node"] + shown["disk_write_bytes_per_step_per_node"]
+        )
+        out[name] = [
+            [disk["nvme_read_gbs"], disk["nvme_write_gbs"]],
+            f["step_time_s"],
+            100 * (f["step_time_s"] / step - 1),
+            f["peak_allocated_gib"],
+            100 * (f["peak_allocated_gib"] / s["mem_alloc_gib"] - 1),
+            100 * (forecast / _moved(run) - 1),
+            s["host_rss_gib"] - f["host_gib_per_gpu"],
+        ]
+    return out
+
+
+README_NVME = ([RESULTS, FINE["optimizer and parameters on NVMe (4)"][0]], readme_nvme)
 NVME: dict[str, tuple[list[str], Callable[[], Any], int]] = {
     "nvme-h100": ([RESULTS], nvme_table, 1),
     "nvme-h100-plan": ([RESULTS], nvme_plan, 1),
+    "nvme-h100-fine": ([rel for rel, _ in FINE.values()], nvme_fine, 1),
+    "nvme-h100-fine-plan": ([rel for rel, _ in FINE.values()], nvme_fine_plan, 1),
 }

@@ -187,9 +187,15 @@ def own_json(cfg: Config, world_size: int) -> dict[str, Any]:
     if torch_adam_offloaded(cfg):
         ours["zero_force_ds_cpu_optimizer"] = False  # allow torch AdamW on offloaded states
     if _stage3(cfg) and ds.offload_param == "nvme":  # DeepSpeed's 5 x 1e8 hold no large partition
-        count, size = param_swap_buffers(shape_from_config(cfg), world_size, ds.sub_group_size)
+        shape = shape_from_config(cfg)
+        count, size = param_swap_buffers(shape, world_size, ds.sub_group_size)
         put(ours, "zero_optimization.offload_param.buffer_count", count)
         put(ours, "zero_optimization.offload_param.buffer_size", size)
+        # a gathered parameter holds its swap buffer until released, and DeepSpeed keeps every
+        # parameter used again within max_reuse_distance elements gathered (1e9 by default: ten
+        # 3B blocks, whose buffers the 2 x BLOCK_TENSORS + 3 above cannot hold: "Not enough
+        # buffers 0 for swapping 7", an H100); one block keeps a recomputed block for its backward
+        put(ours, "zero_optimization.stage3_max_reuse_distance", shape.block_params)
     return ours
 
 

@@ -74,7 +74,7 @@ from zerofit.backends.deepspeed.costs import (
 )
 from zerofit.backends.deepspeed.ds_json import to_ds_json
 from zerofit.backends.deepspeed.merge import merge_user_json
-from zerofit.backends.deepspeed.nvme import check_aio, check_nvme_path
+from zerofit.backends.deepspeed.nvme import check_aio, check_nvme_path, uncompiled_on_disk
 from zerofit.backends.deepspeed.options import DeepSpeedOptions
 from zerofit.backends.deepspeed.pre_launch import launch_check, unsupported_dtype
 from zerofit.backends.engine import Engine, LaunchCheck
@@ -214,7 +214,7 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
         if ds.torch_adam is None:  # DeepSpeed's Adam kernels JIT-compile; on CPU use torch's AdamW
             torch_adam = device_type != "cuda" and not hybrid
             cfg = with_fields(cfg, {"parallel.deepspeed.torch_adam": torch_adam})
-        return cfg
+        return uncompiled_on_disk(cfg)
 
     def check_machine(
         self, cfg: Config, planned: Callable[[], EngineMemory], local_ranks: int
