@@ -1,6 +1,6 @@
 """Issue 28 probe: on an H100 (torch 2.11), 8B LoRA DPO under FSDP + full AC peaked at 38.7 GiB,
 as without AC, and ran faster than DDP + full AC (20.6 GiB): its blocks seemed not to recompute.
-On CPU (torch 2.13) FSDP + full AC + compile saves 3.5 MiB for backward, as DDP does. This runs
+On CPU (torch 2.11 and 2.13) FSDP + full AC + compile saves what DDP does. This runs
 zerofit's own path (a Hugging Face Llama, zerofit's LoRA on every linear layer over a frozen bf16
 base, `apply_ac`, `apply_compile`, `apply_fsdp` on one rank) and prints, per way, the bytes autograd
 saves outside checkpoints and the peak allocated over a no-grad forward (the DPO reference) and
