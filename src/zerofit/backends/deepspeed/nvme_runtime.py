@@ -23,7 +23,8 @@ open Megatron-DeepSpeed issue 196 shows the same stack). The same prefetch takes
 buffer, so a fetch off the trace (a block recomputed under activation checkpointing) finds too
 few: "Not enough swap in buffers 5 for 6 params" (an H100, 2.0B parameters, 21 buffers).
 `dedupe_swap_ins` makes the swapper read each parameter once, and keeps PREFETCH_RESERVE buffers
-out of the prefetch's reach.
+out of the prefetch's reach. Gathered parameters hold buffers too, as long as DeepSpeed keeps them
+for reuse: `ds_json.own_json` bounds that to one block (`stage3_max_reuse_distance`).
 
 Exact fp32 masters (bf16 or fp16 compute): DeepSpeed's `safe_set_full_fp32_param` reads and
 writes back a parameter's whole optimizer sub-group when it is on the disk, for every parameter
