@@ -45,24 +45,28 @@ from zerofit.planner.shape import Hardware, with_gpu
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "benchmarks" / "data"
 FIXTURE = "bench-fixture"  # benchmarks/sft_fixture.py's folder, named relative to the repository
+# The same models under the folders the runs named: the SFT fixture, and the DPO runs' copy of it
+# (benchmarks/dpo_carry.sh)
+FIXTURES = (FIXTURE, ".dpo/fix")
 
 
 @contextlib.contextmanager
 def fixture_models() -> Iterator[None]:
-    """Inside, `bench-fixture/model-<shape>` names a folder with that model's config.json, as the
-    configs of the fine-tuning runs name it: the repository's own fixture where it was built
-    (a device asset, git-ignored), else the configs alone, written to a temporary folder (a fresh
-    clone: the shape is all a forecast reads)."""
+    """Inside, `bench-fixture/model-<shape>` and `.dpo/fix/model-<shape>` name folders with that
+    model's config.json, as the configs of the fine-tuning runs name them: the repository's own
+    fixtures where they were built (device assets, git-ignored), else the configs alone, written
+    to a temporary folder (a fresh clone: the shape is all a forecast reads)."""
     here = Path.cwd()
     with tempfile.TemporaryDirectory() as tmp:
-        if (ROOT / FIXTURE).is_dir():
+        if all((ROOT / f).is_dir() for f in FIXTURES):
             os.chdir(ROOT)
         else:
             sys.path.insert(0, str(ROOT / "benchmarks"))
             from sft_fixture import SHAPES, model_config  # noqa: PLC0415 - a sibling script
 
-            for shape in SHAPES:
-                model_config(shape).save_pretrained(Path(tmp) / FIXTURE / f"model-{shape}")
+            for folder in FIXTURES:
+                for shape in SHAPES:
+                    model_config(shape).save_pretrained(Path(tmp) / folder / f"model-{shape}")
             os.chdir(tmp)
         try:
             yield
