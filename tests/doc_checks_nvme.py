@@ -30,16 +30,23 @@ def _moved(run: dict) -> float:
     return m["disk_read_bytes_per_step"] + m["disk_write_bytes_per_step"]
 
 
+def _forecast_moved(run: dict) -> float:
+    """The plan's disk bytes read and written per step (0 for a run without NVMe)."""
+    shown = ((run["disk"] or {}).get("shown") or [{}])[0]
+    keys = ("disk_read_bytes_per_step_per_node", "disk_write_bytes_per_step_per_node")
+    return sum(shown.get(k, 0.0) for k in keys)
+
+
+def _measured_row(run: dict) -> list:
+    """Step s, tokens/s, GPU peak GiB, rank-0 RSS GiB, disk GB read and written per step."""
+    s, m, step = run["measured"]["summary"], run["measured"], _step(run)
+    gb = [m["disk_read_bytes_per_step"] / 1e9, m["disk_write_bytes_per_step"] / 1e9]
+    return [step, TOKENS / step, s["mem_alloc_gib"], s["host_rss_gib"], *gb]
+
+
 def nvme_table() -> dict[str, list]:
     """Per variant: step s, tokens/s, GPU peak GiB, rank-0 RSS GiB, disk GB read and written."""
-    out = {}
-    for key, (name, _) in ROWS.items():
-        run = _load(RESULTS)[key]
-        s, m = run["measured"]["summary"], run["measured"]
-        gb = [m["disk_read_bytes_per_step"] / 1e9, m["disk_write_bytes_per_step"] / 1e9]
-        step = _step(run)
-        out[name] = [step, TOKENS / step, s["mem_alloc_gib"], s["host_rss_gib"], *gb]
-    return out
+    return {name: _measured_row(_load(RESULTS)[key]) for key, (name, _) in ROWS.items()}
 
 
 def nvme_plan() -> dict[str, list]:
@@ -48,11 +55,8 @@ def nvme_plan() -> dict[str, list]:
     for key, (_, name) in ROWS.items():
         run = _load(RESULTS)[key]
         f, step, alloc = run["forecast"], _step(run), run["measured"]["summary"]["mem_alloc_gib"]
-        shown = (run["disk"] or {}).get("shown") or [{}]
-        disk = sum(shown[0].get(k, 0.0) for k in ("disk_read_bytes_per_step_per_node",
-                                                   "disk_write_bytes_per_step_per_node"))  # fmt: skip
-        moved = _moved(run)
-        disk_err = "–" if not disk else 100 * (disk / moved - 1)
+        disk = _forecast_moved(run)
+        disk_err = "–" if not disk else 100 * (disk / _moved(run) - 1)
         out[name] = [
             f["step_time_s"],
             100 * (f["step_time_s"] / step - 1),
@@ -68,11 +72,7 @@ def readme_nvme() -> list[str]:
     """The README's NVMe paragraph: the NVMe step beside the CPU-offload one, and the forecast."""
     runs = _load(RESULTS)
     cpu, nvme = runs["cpu"], runs["nvme_optim"]
-    m, step = nvme["measured"], _step(nvme)
-    disk = nvme["disk"]["shown"][0]
-    forecast = (
-        disk["disk_read_bytes_per_step_per_node"] + disk["disk_write_bytes_per_step_per_node"]
-    )
+    m, step, forecast = nvme["measured"], _step(nvme), _forecast_moved(nvme)
     return [
         f"a Llama model of {m['summary']['num_params'] / 1e9:.2f}B parameters",
         f"a step takes {step:.2f} s ({TOKENS / step:,.0f} tokens/s) and reads and writes "
@@ -89,10 +89,7 @@ def readme_nvme_both() -> list[str]:
     """The README's sentence on the run with the parameters on NVMe too."""
     rel, key = FINE["optimizer and parameters on NVMe (4)"]
     run = _load(rel)[key]
-    step, moved, shown = _step(run), _moved(run), run["disk"]["shown"][0]
-    forecast = (
-        shown["disk_read_bytes_per_step_per_node"] + shown["disk_write_bytes_per_step_per_node"]
-    )
+    step, moved, forecast = _step(run), _moved(run), _forecast_moved(run)
     return [
         f"a step takes {step:.2f} s and moves {moved / 1e9:.2f} GB",
         f"planner's bytes are {100 * (forecast / moved - 1):+.1f}% off and its step time "
@@ -100,7 +97,7 @@ def readme_nvme_both() -> list[str]:
     ]
 
 
-FINE = {  # the second session: (results.json, variant, the row's label)
+FINE = {  # the second session: the row's label -> (its call's results.json, the variant)
     "optimizer on NVMe (3)": ("2026-12-06-nvme-h100/both4/results.json", "nvme_optim"),
     "optimizer and parameters on NVMe (4)": (
         "2026-12-06-nvme-h100/both5/results.json",
@@ -114,10 +111,9 @@ def nvme_fine() -> dict[str, list]:
     out = {}
     for name, (rel, key) in FINE.items():
         run = _load(rel)[key]
-        s, m, step = run["measured"]["summary"], run["measured"], _step(run)
-        assert s["world_size"] == 1 and "100000000" in m["args"]  # 1e8 sub-groups, one GPU
-        gb = [m["disk_read_bytes_per_step"] / 1e9, m["disk_write_bytes_per_step"] / 1e9]
-        out[name] = [step, TOKENS / step, s["mem_alloc_gib"], s["host_rss_gib"], *gb]
+        m = run["measured"]
+        assert m["summary"]["world_size"] == 1 and "100000000" in m["args"]  # 1e8, one GPU
+        out[name] = _measured_row(run)
     return out
 
 
@@ -128,17 +124,13 @@ def nvme_fine_plan() -> dict[str, list]:
         run = _load(rel)[key]
         f, disk, step = run["forecast"], run["disk"], _step(run)
         s = run["measured"]["summary"]
-        shown = disk["shown"][0]
-        forecast = (
-            shown["disk_read_bytes_per_step_per_node"] + shown["disk_write_bytes_per_step_per_node"]
-        )
         out[name] = [
             [disk["nvme_read_gbs"], disk["nvme_write_gbs"]],
             f["step_time_s"],
             100 * (f["step_time_s"] / step - 1),
             f["peak_allocated_gib"],
             100 * (f["peak_allocated_gib"] / s["mem_alloc_gib"] - 1),
-            100 * (forecast / _moved(run) - 1),
+            100 * (_forecast_moved(run) / _moved(run) - 1),
             s["host_rss_gib"] - f["host_gib_per_gpu"],
         ]
     return out

@@ -56,12 +56,13 @@ NVME = {"stage": 3, "offload_optimizer": "nvme", "pin_memory": False}
 Usage = namedtuple("Usage", "total used free")
 
 
-def resolved(nvme_path: Path | str, *more: str):  # noqa: ANN201
-    """The default config with ZeRO-3's optimizer on NVMe in `nvme_path`, resolved for 2 CPU
-    ranks as the launcher resolves it."""
+def resolved(nvme_path: Path | str, *more: str, device: str = "cpu"):  # noqa: ANN201
+    """The default config with ZeRO-3's optimizer on NVMe in `nvme_path`, resolved for 2 ranks
+    on `device` as the launcher resolves it."""
     keys = [f"parallel.deepspeed.{k}={v}" for k, v in NVME.items()]
     path = f"parallel.deepspeed.nvme_path={nvme_path}"
-    return resolve(load_config(None, ["parallel.backend=deepspeed", *keys, path, *more]), 2, "cpu")
+    cfg = load_config(None, ["parallel.backend=deepspeed", *keys, path, *more])
+    return resolve(cfg, 2, device)
 
 
 @pytest.fixture
@@ -288,7 +289,6 @@ def test_parameters_on_nvme_are_kept_gathered_only_one_block_ahead() -> None:
     """A gathered parameter holds its swap buffer, and DeepSpeed keeps one gathered while it is
     used again within max_reuse_distance elements (1e9 by default: ten 3B blocks, more than the
     swap buffers hold). On NVMe the distance is one block; other offloads keep DeepSpeed's."""
-    swap = "parallel.deepspeed.nvme_path=/tmp"
     both = resolved(
         "/tmp",
         "parallel.deepspeed.offload_param=nvme",
@@ -297,7 +297,7 @@ def test_parameters_on_nvme_are_kept_gathered_only_one_block_ahead() -> None:
     zero = to_ds_json(both, 2)["zero_optimization"]
     assert zero["stage3_max_reuse_distance"] == shape_from_config(both).block_params
     assert zero["offload_param"]["buffer_count"] >= 2 * BLOCK_TENSORS
-    host = resolved("/tmp", swap, "parallel.deepspeed.offload_param=cpu")
+    host = resolved("/tmp", "parallel.deepspeed.offload_param=cpu")
     assert "stage3_max_reuse_distance" not in to_ds_json(host, 2)["zero_optimization"]
 
 
@@ -312,10 +312,8 @@ def test_parameters_on_nvme_are_kept_gathered_only_one_block_ahead() -> None:
 def test_compile_auto_is_off_with_the_parameters_on_nvme(more: list[str], compiled: bool) -> None:
     """Compiled blocks failed in Triton twice on an H100 with the parameters on NVMe (the docstring
     of `nvme.uncompiled_on_disk`); `auto` resolves to off there, on a GPU, and says so."""
-    keys = [f"parallel.deepspeed.{k}={v}" for k, v in NVME.items()]
-    args = ["parallel.backend=deepspeed", *keys, "parallel.deepspeed.nvme_path=/tmp"]
-    args += ["parallel.deepspeed.offload_param=nvme", "parallel.deepspeed.torch_adam=true", *more]
-    cfg = resolve(load_config(None, args), 2, "cuda")
+    on_disk = ["parallel.deepspeed.offload_param=nvme", "parallel.deepspeed.torch_adam=true"]
+    cfg = resolved("/tmp", *on_disk, *more, device="cuda")
     assert cfg.parallel.compile is compiled
 
 
