@@ -3,7 +3,9 @@ checkpoints. Runs `zerofit` in this process (one rank under torchrun) after wrap
 in the DDP and FSDP engines: each block's inner module counts its forward calls (with full AC a
 step calls each three times in DPO: reference, policy, recomputation), and a process-wide
 saved-tensors hook counts the bytes autograd saves outside the checkpoints (parameters left out).
-Written to OUT/ac-trace-<pid>.json as the run goes.
+Each block call's start and end is logged with grad mode, allocated GiB (GPU) and how many
+FSDP blocks hold gathered parameters (the first 20,000 calls). Written to
+OUT/ac-trace-<pid>.json as the run goes.
 
     torchrun --standalone --nproc-per-node 1 benchmarks/ac_trace.py OUT train -c CONFIG [k=v...]
 
@@ -32,13 +34,33 @@ counts: collections.Counter = collections.Counter()
 
 
 def _write() -> None:
-    (OUT / f"ac-trace-{os.getpid()}.json").write_text(json.dumps(dict(counts), indent=1))
+    data = {**counts, "timeline": timeline}
+    (OUT / f"ac-trace-{os.getpid()}.json").write_text(json.dumps(data))
+
+
+timeline: list[list] = []  # [block, "pre"|"post", grad enabled, allocated GiB, unsharded blocks]
+blocks_seen: list[nn.Module] = []
+
+
+def _unsharded() -> int:
+    """How many FSDP blocks hold their gathered parameters now (0 without FSDP)."""
+    n = 0
+    for block in blocks_seen:
+        state = getattr(block, "_get_fsdp_state", None)
+        group = state()._fsdp_param_group if state is not None else None
+        n += int(bool(group is not None and getattr(group, "is_unsharded", False)))
+    return n
 
 
 @torch._dynamo.disable  # a hook inside a compiled block's call stays eager
-def _called(i: int) -> None:
-    counts[f"block {i} forwards"] += 1
-    _write()
+def _mark(i: int, where: str) -> None:
+    if where == "pre":
+        counts[f"block {i} forwards"] += 1
+    if len(timeline) < 20000:
+        gib = torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+        timeline.append([i, where, torch.is_grad_enabled(), round(gib, 3), _unsharded()])
+    if i == 0 or len(timeline) % 500 == 0:
+        _write()
 
 
 def _pack(t: torch.Tensor) -> torch.Tensor:
@@ -51,7 +73,9 @@ def traced_ac(blocks: nn.ModuleList, mode: str, every: int = 2, first: int | Non
     wrapped = parallelize.apply_ac(blocks, mode, every, first)
     for i, block in enumerate(blocks):
         inner = getattr(block, "_checkpoint_wrapped_module", block)
-        inner.register_forward_pre_hook(lambda _m, _a, i=i: _called(i))
+        inner.register_forward_pre_hook(lambda _m, _a, i=i: _mark(i, "pre"))
+        inner.register_forward_hook(lambda _m, _a, _o, i=i: _mark(i, "post"))
+        blocks_seen.append(block)
         counts[f"block {i} checkpointed"] = int(inner is not block)
     return wrapped
 
