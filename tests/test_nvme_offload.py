@@ -48,8 +48,8 @@ from zerofit.launch.run_config import load_config
 from zerofit.models.shape import shape_from_config, shape_from_preset
 from zerofit.planner import disk
 from zerofit.planner.disk import disk_seconds, probe
-from zerofit.planner.memory import Strategy, workload_for
-from zerofit.planner.plan import evaluate
+from zerofit.planner.memory import Strategy, strategy_for, workload_for
+from zerofit.planner.plan import candidates, evaluate
 from zerofit.planner.shape import Hardware
 
 NVME = {"stage": 3, "offload_optimizer": "nvme", "pin_memory": False}
@@ -315,6 +315,31 @@ def test_compile_auto_is_off_with_the_parameters_on_nvme(more: list[str], compil
     on_disk = ["parallel.deepspeed.offload_param=nvme", "parallel.deepspeed.torch_adam=true"]
     cfg = resolved("/tmp", *on_disk, *more, device="cuda")
     assert cfg.parallel.compile is compiled
+
+
+@pytest.mark.parametrize(
+    ("more", "compiled"),
+    [
+        ([], False),
+        (["parallel.compile=true"], True),
+        (["parallel.deepspeed.offload_param=cpu"], True),
+    ],
+)
+def test_plan_forecasts_the_compile_a_run_with_the_parameters_on_nvme_resolves_to(
+    more: list[str], compiled: bool
+) -> None:
+    """`zerofit plan -c` (`strategy_for`) and the planner's candidates of such a config forecast
+    the step a GPU run takes: uncompiled with the parameters on NVMe under `auto`, as `resolve`
+    makes it (the planner had forecast a compiled step there)."""
+    keys = [f"parallel.deepspeed.{k}={v}" for k, v in NVME.items()]
+    on_disk = [*keys, "parallel.deepspeed.nvme_path=/tmp", "parallel.deepspeed.offload_param=nvme"]
+    cfg = load_config(None, ["parallel.backend=deepspeed", *on_disk, *more])
+    assert strategy_for(cfg).compile is compiled
+    hw = Hardware(gpus_per_node=2, gpu_mem=80 * 2**30, nvme=10**12)
+    written = "parallel.compile=true" in more
+    on_disk = [getattr(s.options, "offload_param", "") == "nvme" for s in candidates(hw, cfg)]
+    assert any(on_disk)
+    assert [s.compile for s in candidates(hw, cfg)] == [written or not d for d in on_disk]
 
 
 @pytest.mark.slow

@@ -76,6 +76,19 @@ class Engine(Generic[OptionsT]):
         `cfg.precision` is already resolved."""
         return cfg
 
+    def uncompiled(self, opts: OptionsT) -> str | None:
+        """Why `parallel.compile: auto` stays off on a GPU with these options (None: it compiles
+        there). A written `true` or `false` is kept whatever this says."""
+        return None
+
+    def compiles(self, opts: OptionsT, compile_setting: bool | str, device_type: str) -> bool:
+        """Whether a run with these options and `parallel.compile` compiles on `device_type`:
+        `auto` compiles on CUDA unless `uncompiled` says why not. The planner and a run's
+        resolution both ask here."""
+        if compile_setting != "auto":
+            return bool(compile_setting)
+        return device_type == "cuda" and self.uncompiled(opts) is None
+
     def launch_check(self, cfg: Config, world_size: int) -> LaunchCheck:
         """Check the files this engine's library will run from, for a resolved config, before
         any worker starts (UserError: one line); the notes to print once the run has passed

@@ -2,12 +2,13 @@
 
 It runs once, in the launcher (or, under an external torchrun/srun, on rank 0 before the others
 train), and its result is saved as the run's config.yaml; workers trust that file. Order:
-- `parallel.compile: auto` becomes true on CUDA, false on CPU;
 - `parallel.backend: auto` becomes the planner's pick for this machine (keeping the activation
   checkpointing the user wrote);
 - `precision.mode: auto` and the unset dtypes become explicit (bf16 on GPU, fp32 on CPU);
 - the engine resolves its own section (DeepSpeed merges a user's ds_config.json), knowing which
   keys the user wrote (`explicit_keys`; `precision.mode: auto` counts as unwritten);
+- `parallel.compile: auto` becomes true on CUDA, false on CPU, unless the engine's resolved
+  options keep it off (`Engine.uncompiled`, said at launch), as the planner forecasts;
 - the batch arithmetic and the engine's mesh are checked against the world size.
 """
 
@@ -16,14 +17,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from zerofit.backends import engine_of
-from zerofit.config import check_world, compiles, explicit_keys, resolve_precision
+from zerofit.backends.engine import Engine
+from zerofit.config import check_world, explicit_keys, resolve_precision
 from zerofit.config.schema import Config
 from zerofit.planner.auto import resolve_auto
 
 
 def resolve(cfg: Config, world_size: int, device_type: str) -> Config:
     explicit = explicit_keys(cfg) - ({"precision.mode"} if cfg.precision.mode == "auto" else set())
-    cfg = replace(cfg, parallel=replace(cfg.parallel, compile=compiles(cfg.parallel, device_type)))
     if cfg.parallel.backend == "auto":
         cfg = resolve_auto(cfg, world_size, explicit)
     cfg = replace(cfg, precision=resolve_precision(cfg.precision, device_type))
@@ -31,9 +32,22 @@ def resolve(cfg: Config, world_size: int, device_type: str) -> Config:
     object.__setattr__(cfg, "_explicit", explicit)
     engine = engine_of(cfg)
     cfg = engine.prepare(cfg, world_size, device_type)
+    cfg = _resolve_compile(cfg, engine, device_type)
     check_world(cfg, world_size)
     engine.check_world(engine.opts(cfg), world_size)
     return cfg
+
+
+def _resolve_compile(cfg: Config, engine: Engine, device_type: str) -> Config:
+    """`parallel.compile` as a bool, as the engine's resolved options allow (`Engine.compiles`)."""
+    p, opts = cfg.parallel, engine.opts(cfg)
+    why = engine.uncompiled(opts) if p.compile == "auto" and device_type == "cuda" else None
+    if why:
+        print(f"parallel.compile auto: off, as {why}", flush=True)
+    on = engine.compiles(opts, p.compile, device_type)
+    new = replace(cfg, parallel=replace(p, compile=on))
+    object.__setattr__(new, "_explicit", explicit_keys(cfg))
+    return new
 
 
 def mesh_replicas(cfg: Config) -> int:

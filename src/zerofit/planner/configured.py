@@ -209,7 +209,10 @@ def _offload(
 def _current(cfg: Config, key: str) -> object:
     """A field's value in `cfg`, `parallel.compile` as it resolves on a GPU."""
     if key == "parallel.compile":
-        return compiles(cfg.parallel)
+        eng = engines().get(cfg.parallel.backend)  # None for `auto`: the engine is not known yet
+        if eng is None:
+            return compiles(cfg.parallel)
+        return eng.compiles(eng.opts(cfg), cfg.parallel.compile, "cuda")
     try:
         return get_field(cfg, key)
     except AttributeError:

@@ -50,7 +50,7 @@ from zerofit.backends import engine_of, get_engine
 from zerofit.backends.catalog import EngineOptions
 from zerofit.backends.engine import Engine
 from zerofit.backends.terms import BYTES, GIB, Adapters, EngineMemory, Workload
-from zerofit.config import compiles, resolve_precision
+from zerofit.config import resolve_precision
 from zerofit.config.schema import Config
 from zerofit.distributed.ac_blocks import checkpointed_blocks
 from zerofit.models.shape import ModelShape, shape_from_config
@@ -127,9 +127,9 @@ class Strategy:
 def strategy_for(cfg: Config) -> Strategy:
     """The strategy a (not `auto`) zerofit config selects."""
     p, eng = cfg.parallel, engine_of(cfg)
-    return Strategy(
-        p.backend, eng.opts(cfg), p.activation_checkpointing, compiles(p), p.ac_blocks, p.ac_every
-    )
+    opts = eng.opts(cfg)
+    compiled = eng.compiles(opts, p.compile, "cuda")  # as a run on a GPU resolves it
+    return Strategy(p.backend, opts, p.activation_checkpointing, compiled, p.ac_blocks, p.ac_every)
 
 
 def workload_for(cfg: Config, world_size: int, device_type: str = "cuda") -> Workload:

@@ -36,7 +36,6 @@ from dataclasses import dataclass, replace
 from zerofit.backends import engines
 from zerofit.backends.catalog import RunConfig
 from zerofit.backends.terms import GIB, Workload
-from zerofit.config import compiles
 from zerofit.config.schema import Config
 from zerofit.errors import UserError
 from zerofit.models.shape import ModelShape
@@ -96,7 +95,7 @@ def candidates(hw: Hardware, base: Config | None = None, keep_ac: bool = False) 
             if name in refused:
                 continue
             for opts in eng.candidates(eng.opts(cfg), hw.nodes, bool(hw.nvme)):
-                out.append(Strategy(name, opts, ac, compiles(p), *pinned))
+                out.append(Strategy(name, opts, ac, eng.compiles(opts, p.compile, "cuda"), *pinned))
     return out
 
 

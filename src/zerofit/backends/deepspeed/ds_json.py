@@ -21,7 +21,8 @@ from typing import Any
 from zerofit.backends.deepspeed.costs import param_swap_buffers
 from zerofit.backends.deepspeed.fill import Resolved, fill_json
 from zerofit.backends.deepspeed.json_paths import put
-from zerofit.config import Config, compiles, get_field
+from zerofit.backends.deepspeed.nvme import uncompiled_on_disk
+from zerofit.config import Config, get_field
 from zerofit.config.limits import shown
 from zerofit.errors import UserError
 from zerofit.models.shape import shape_from_config
@@ -201,9 +202,15 @@ def own_json(cfg: Config, world_size: int) -> dict[str, Any]:
 
 def needs_plain_linear(cfg: Config) -> bool:
     """ZeRO-3 under activation checkpointing or compile: memory_efficient_linear must be off."""
-    return _stage3(cfg) and (
-        cfg.parallel.activation_checkpointing != "none" or compiles(cfg.parallel)
-    )
+    return _stage3(cfg) and (cfg.parallel.activation_checkpointing != "none" or _compiled(cfg))
+
+
+def _compiled(cfg: Config) -> bool:
+    """Whether the run compiles, `auto` as it resolves on a GPU (`Engine.compiles`)."""
+    setting = cfg.parallel.compile
+    if setting != "auto":
+        return bool(setting)
+    return uncompiled_on_disk(cfg.parallel.deepspeed) is None
 
 
 def torch_adam_offloaded(cfg: Config) -> bool:

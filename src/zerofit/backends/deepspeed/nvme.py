@@ -28,7 +28,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from zerofit.config import Config, explicit_keys, with_fields
+from zerofit.backends.deepspeed.options import DeepSpeedOptions
 from zerofit.config.limits import shown
 from zerofit.config.sizes import human_bytes
 from zerofit.errors import UserError
@@ -176,20 +176,11 @@ def check_nvme_path(path: str, needed: float, what: str) -> None:
         )
 
 
-def uncompiled_on_disk(cfg: Config) -> Config:
-    """`parallel.compile: auto` is off with the parameters on NVMe: compiled blocks failed in
+def uncompiled_on_disk(opts: DeepSpeedOptions) -> str | None:
+    """Why `parallel.compile: auto` is off with the parameters on NVMe: compiled blocks failed in
     Triton's LLVM pass ("PassManager::run failed", an RMSNorm kernel) in both such H100 runs, at
     67.8 and 33.5 GiB of host RAM, where the optimizer alone on NVMe compiled; such a step waits on
-    the disk (docs/benchmarks/2026-12-06-nvme-h100.md). Written `compile: true` is kept."""
-    p = cfg.parallel
-    if (
-        p.deepspeed.offload_param != "nvme"
-        or not p.compile
-        or "parallel.compile" in explicit_keys(cfg)
-    ):
-        return cfg
-    print(
-        "parallel.compile auto: off, as the parameters are on NVMe (see docs/engines.md)",
-        flush=True,
-    )
-    return with_fields(cfg, {"parallel.compile": False})
+    the disk (docs/benchmarks/2026-12-06-nvme-h100.md). A written `compile: true` is kept."""
+    if opts.offload_param != "nvme":
+        return None
+    return "the parameters are on NVMe (see docs/engines.md)"

@@ -214,7 +214,10 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
         if ds.torch_adam is None:  # DeepSpeed's Adam kernels JIT-compile; on CPU use torch's AdamW
             torch_adam = device_type != "cuda" and not hybrid
             cfg = with_fields(cfg, {"parallel.deepspeed.torch_adam": torch_adam})
-        return uncompiled_on_disk(cfg)
+        return cfg
+
+    def uncompiled(self, opts: DeepSpeedOptions) -> str | None:
+        return uncompiled_on_disk(opts)
 
     def check_machine(
         self, cfg: Config, planned: Callable[[], EngineMemory], local_ranks: int
