@@ -11,7 +11,7 @@
 #   fast-lora also runs zerofit eager and compiled without model.lean_ops at stock's split.
 #   issue 26's PHASEs: qlora-probe (1B) | qlora-8b (LIMIT GiB per GPU, default 23: a 24 GB card)
 #   | qlora-70b (zerofit alone, the whole card) | qlora-ac-probe (1B) | qlora-8b-splits |
-#   qlora-8b-host: see qlora_* below. issue 28's PHASEs: dpo-8b | dpo-8b-mem | dpo-8b-ac | dpo-1b
+#   qlora-8b-host: see qlora_* below. issue 28's PHASEs: dpo-8b | dpo-8b-mem | dpo-8b-ac | dpo-8b-ac2 | dpo-1b
 #   (TRL's DPOTrainer beside zerofit's DPO): see dpo_* below.
 # FIXTURE is what `python benchmarks/sft_fixture.py FIXTURE` made (model-1b, model-8b, chat.jsonl).
 # Each zerofit variant runs under `zerofit bench` (own processes, median step time after warm-up);
@@ -210,6 +210,16 @@ dpo_8b_ac() {  # 8B LoRA DPO, both stacks recomputing every block (TRL's gradien
     --variant "DDP + full AC, 2 pairs x 4: train.micro_batch_size=2 train.grad_accum_steps=4 parallel.backend=ddp parallel.activation_checkpointing=full" \
     --variant "DDP + full AC, 4 pairs x 2: train.micro_batch_size=4 train.grad_accum_steps=2 parallel.backend=ddp parallel.activation_checkpointing=full"
 }
+dpo_8b_ac2() {  # as dpo_8b_ac, once `auto` kept the written AC through the launcher too (before
+  # 2026-12-06's fix, `~` expansion dropped the written keys and auto ran FSDP without AC); and at
+  # one pair a micro-batch, for the memory of TRL's run
+  dpo_stock 8b-dpo-trl-liger 170 --model "$fix/model-8b" --lora 16 --micro 4 --accum 2 --gc --liger
+  # shellcheck disable=SC2086
+  zerofit 8b-dpo-zerofit-ac2 340 $dpo $m8 $dpo_pairs train.steps=100 train.epochs=null \
+    --variant "auto + full AC, 2 pairs x 4: train.micro_batch_size=2 train.grad_accum_steps=4 parallel.activation_checkpointing=full" \
+    --variant "auto + full AC, 1 pair x 8: train.micro_batch_size=1 train.grad_accum_steps=8 parallel.activation_checkpointing=full" \
+    --variant "DDP + full AC, 1 pair x 8: train.micro_batch_size=1 train.grad_accum_steps=8 parallel.backend=ddp parallel.activation_checkpointing=full"
+}
 dpo_1b() {  # 1B full DPO; zerofit's reference precomputed over the first 2M tokens of pairs
   dpo_stock 1b-dpo-trl 200 --model "$fix/model-1b" --micro 4 --accum 2
   # shellcheck disable=SC2086
@@ -231,6 +241,7 @@ qlora-8b-host) qlora_8b_host ;;
 dpo-8b) dpo_8b ;;
 dpo-8b-mem) dpo_8b_mem ;;
 dpo-8b-ac) dpo_8b_ac ;;
+dpo-8b-ac2) dpo_8b_ac2 ;;
 dpo-1b) dpo_1b ;;
 qlora-ac-probe) qlora_ac_probe ;;
 fast-lora) fast_lora ;;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -272,3 +273,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is false)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+def worker_pids(launcher_pid: int) -> dict[int, int]:
+    """The workers of a one-node launch, by local rank, from /proc: zerofit's are forked from the
+    launcher's fork server by each rank's supervisor and named ``zerofit-rank<N>``; torchrun's are
+    its children, started with LOCAL_RANK in their environment."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    out = {}
+    for pid, parent in parents.items():
+        with contextlib.suppress(OSError, ValueError):
+            if parent == launcher_pid:
+                for var in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    if var.startswith(b"LOCAL_RANK="):
+                        out[int(var.split(b"=")[1])] = pid
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            ancestors = [parent, parents.get(parent), parents.get(parents.get(parent, -1))]
+            if name.startswith("zerofit-rank") and launcher_pid in ancestors:
+                out[int(name.removeprefix("zerofit-rank"))] = pid
+    return out

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import POOL, deep_update, wait_all, write_config
+from conftest import POOL, deep_update, wait_all, worker_pids, write_config
 
 from zerofit.checkpoint import complete_checkpoints, select_checkpoint, verify
 
@@ -73,15 +73,9 @@ def leftovers(tmp: Path) -> list[str]:
 
 
 def worker_pid(launcher: subprocess.Popen, local_rank: int) -> int:
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            environ = (stat.parent / "environ").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == launcher.pid and f"LOCAL_RANK={local_rank}".encode() in environ:
-            return int(stat.parent.name)
-    raise AssertionError("worker not found")
+    found = worker_pids(launcher.pid)
+    assert local_rank in found, "worker not found"
+    return found[local_rank]
 
 
 # ----------------------------------------------------------------------------- NaN and inf

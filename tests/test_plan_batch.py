@@ -23,6 +23,9 @@ from zerofit.config import check_world
 from zerofit.config.sizes import memory_fraction, parse_size
 from zerofit.distributed.mesh import DistContext, cap_gpu_memory
 from zerofit.errors import UserError
+from zerofit.launch import run_lock
+from zerofit.launch.options import LaunchOptions
+from zerofit.launch.prepare import prepare_run
 from zerofit.launch.resolve import resolve
 from zerofit.launch.run_config import config_from_dict, load_config
 from zerofit.models.shape import ModelShape, shape_from_preset
@@ -440,3 +443,24 @@ def test_kept_checkpointing_is_among_the_plans_own_strategies() -> None:
     kept = candidates(hw, cfg, keep_ac=True)
     assert kept and {s.activation_checkpointing for s in kept} == {"full"}
     assert kept == [s for s in candidates(hw, cfg) if s.activation_checkpointing == "full"]
+
+
+def test_the_launch_keeps_the_written_checkpointing_under_auto(monkeypatch, tmp_path) -> None:
+    """The launcher's own path (`prepare_run`: `~` expanded in two paths, then resolved). The
+    expansion replaced the config, dropping the keys the user wrote, so on every GPU `auto` took
+    its own recomputation over a written `full`: an H100 8B DPO LoRA run asked for full AC ran
+    FSDP without it at 38.7 GiB, its saved config.yaml saying `none`."""
+    here = Hardware(1, 80 * 10**9, cpu_mem=128 * GIB, name="H100 SXM", gpu_from="detected")
+    monkeypatch.setattr(auto, "detect_hardware", lambda: here)
+    monkeypatch.chdir(tmp_path)
+    base = ["parallel.backend=auto", "data.max_tokens=20000", "train.steps=2"]
+    for ac, want in (([], "none"), (["parallel.activation_checkpointing=full"], "full")):
+        run = tmp_path / want
+        cfg = load_config(None, [*base, *ac, f"log.run_dir={run}"])
+        try:
+            prep = prepare_run(cfg, LaunchOptions(), 1, "cuda")
+        finally:
+            run_lock.release_all()
+        assert prep.cfg.parallel.backend != "auto"
+        assert prep.cfg.parallel.activation_checkpointing == want  # a roomy card: none unwritten
+        assert load_config(run / "config.yaml").parallel.activation_checkpointing == want

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import deep_update, write_config
+from conftest import deep_update, worker_pids, write_config
 
 from zerofit.errors import UserError
 from zerofit.launch import run_lock
@@ -174,12 +174,10 @@ def _handlers_installed(launcher: subprocess.Popen, count: int) -> bool:
     """Whether `count` workers of ``launcher`` run and each has its SIGTERM handler (the first
     thing a worker does): a stop now comes before the first step, so before any checkpoint."""
     found = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for pid in worker_pids(launcher.pid).values():
         try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != launcher.pid:
-                continue
-            status = (stat.parent / "status").read_text().splitlines()
-        except (OSError, IndexError, ValueError):
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except OSError:
             continue
         caught = int(next(x for x in status if x.startswith("SigCgt")).split()[1], 16)
         found += bool(caught & (1 << (signal.SIGTERM - 1)))

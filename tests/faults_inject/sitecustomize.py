@@ -35,7 +35,8 @@ if _enospc:
     _open = io.open
 
     def failing_open(file, mode="r", *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        if any(m in mode for m in "wax+") and f"/{_enospc}/" in os.fspath(file):
+        named = not isinstance(file, int)  # open(fd) as well: multiprocessing's pipes
+        if named and any(m in mode for m in "wax+") and f"/{_enospc}/" in os.fspath(file):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(file))
         return _open(file, mode, *args, **kwargs)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from zerofit.config.schema import Config
 from zerofit.errors import UserError
-from zerofit.launch import run_lock
+from zerofit.launch import external, forkserver, run_lock
 from zerofit.launch.options import LaunchOptions
 from zerofit.launch.run_config import field_help, load_config
 from zerofit.train.worker import train_joined
@@ -84,17 +84,17 @@ def print_summary(run_dir: Path) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    # torch-free path: `zerofit plan` imports every command module; these three import torch
-    from zerofit.distributed import mesh as dist
-    from zerofit.launch import prepare  # torch-free path: it imports torch
-    from zerofit.launch.spawn import spawn  # torch-free path: it imports torch
-
     cfg = load_config(args.config, overrides)
     opts = LaunchOptions(
         args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_backend, args.resume
     )
-    if dist.in_launched_worker() or dist.adopt_slurm_env():
+    if external.in_launched_worker() or external.adopt_slurm_env():
         return _train_joined(cfg, opts)
+    forkserver.start()  # the workers' imports, beside the launcher's own from here
+    # torch-free path: `zerofit plan` imports every command module; these two import torch
+    from zerofit.launch import prepare  # torch-free path: it imports torch
+    from zerofit.launch.spawn import spawn  # torch-free path: it imports torch
+
     nproc = args.nproc if args.nproc is not None else prepare.default_nproc()
     prepare.check_nproc(nproc)
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:

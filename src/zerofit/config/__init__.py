@@ -160,7 +160,7 @@ def _leaf_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
 
 
 def explicit_keys(cfg: Config) -> frozenset[str]:
-    """Dotted keys the user wrote (YAML or flags), as opposed to defaults. Lost by `replace`."""
+    """Dotted keys the user wrote (YAML or flags); `config.replacing.replace_config` keeps them."""
     return getattr(cfg, "_explicit", frozenset())
 
 

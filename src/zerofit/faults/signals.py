@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
@@ -61,13 +62,38 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def die_with_parent(parent: int) -> bool:
-    """Have the kernel kill this process when `parent` (our launcher) dies; False if it already
-    has. A launcher killed outright (SIGKILL, an OOM kill, a test's timeout) cannot forward a
-    signal, and its workers would otherwise live on, holding ports, memory and build locks. This
-    is the second-signal case: the workers go at once. Linux only; elsewhere nothing changes."""
+def die_with_parent(launcher: int) -> bool:
+    """Have the kernel kill this process when its parent dies: our launcher, or the rank's
+    supervisor, forked from the launcher's fork server (`zerofit.train.forked`), which ends when
+    the launcher does. False if the launcher is already gone. A launcher killed outright (SIGKILL, an OOM kill, a test's timeout)
+    cannot forward a signal, and its workers would otherwise live on, holding ports, memory and
+    build locks. This is the second-signal case: the workers go at once. Linux only; elsewhere
+    nothing changes."""
     if sys.platform.startswith("linux"):
         pr_set_pdeathsig = 1
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
-    return os.getppid() == parent  # checked after prctl: a parent gone before it is seen here
+    # checked after prctl: a parent gone before it is seen here
+    ancestor: int | None = os.getppid()
+    for _ in range(3):  # the launcher, or the fork server's, or the supervisor's
+        if ancestor == launcher:
+            return True
+        ancestor = parent_of(ancestor) if ancestor else None
+    return False
+
+
+def name_process(name: str) -> None:
+    """This process's name as `ps`, `top` and /proc/<pid>/comm show it (15 bytes; Linux only): a
+    forked worker otherwise shows its fork server's command line, as every one of its ranks."""
+    if sys.platform.startswith("linux"):
+        pr_set_name = 15
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_name, name.encode()[:15], 0, 0, 0)
+
+
+def parent_of(pid: int) -> int | None:
+    """`pid`'s parent, from /proc (None where it cannot be read: gone, or not Linux)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

@@ -24,6 +24,7 @@ from zerofit.backends.terms import EngineMemory
 from zerofit.checkpoint import compat
 from zerofit.config import Config, explicit_keys, save_config
 from zerofit.config.limits import shown
+from zerofit.config.replacing import replace_config
 from zerofit.config.sizes import human_bytes
 from zerofit.errors import UserError
 from zerofit.launch import run_lock
@@ -202,7 +203,7 @@ def _check_unused(run_dir: Path) -> None:
 def _expand_user(cfg: Config) -> Config:
     """`~` in log.run_dir and checkpoint.dir, as data.source and data.tokenizer already do."""
     run_dir, ck = cfg.log.run_dir, cfg.checkpoint.dir
-    return replace(
+    return replace_config(
         cfg,
         log=replace(cfg.log, run_dir=os.path.expanduser(run_dir) if run_dir else run_dir),
         checkpoint=replace(cfg.checkpoint, dir=os.path.expanduser(ck) if ck else ck),
@@ -264,7 +265,7 @@ def prepare_run(
         run_dir, resume_from, name = Path(cfg.log.run_dir), None, "config.yaml"
     else:
         run_dir, resume_from, name = _new_run_dir(cfg, create), None, "config.yaml"
-    cfg = replace(cfg, log=replace(cfg.log, run_dir=str(run_dir)))
+    cfg = replace_config(cfg, log=replace(cfg.log, run_dir=str(run_dir)))
     if create:
         ensure_writable_dir(run_dir, "log.run_dir")
         run_lock.hold(run_dir)  # held already, unless the folder is new

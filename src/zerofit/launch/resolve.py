@@ -19,6 +19,7 @@ from dataclasses import replace
 from zerofit.backends import engine_of
 from zerofit.backends.engine import Engine
 from zerofit.config import check_world, explicit_keys, resolve_precision
+from zerofit.config.replacing import replace_config
 from zerofit.config.schema import Config
 from zerofit.planner.auto import resolve_auto
 
@@ -27,9 +28,8 @@ def resolve(cfg: Config, world_size: int, device_type: str) -> Config:
     explicit = explicit_keys(cfg) - ({"precision.mode"} if cfg.precision.mode == "auto" else set())
     if cfg.parallel.backend == "auto":
         cfg = resolve_auto(cfg, world_size, explicit)
-    cfg = replace(cfg, precision=resolve_precision(cfg.precision, device_type))
-    # the keys the user wrote, kept as `zerofit.config` keeps them (`replace` drops them)
-    object.__setattr__(cfg, "_explicit", explicit)
+    cfg = replace_config(cfg, precision=resolve_precision(cfg.precision, device_type))
+    object.__setattr__(cfg, "_explicit", explicit)  # `precision.mode: auto` counts as unwritten
     engine = engine_of(cfg)
     cfg = engine.prepare(cfg, world_size, device_type)
     cfg = _resolve_compile(cfg, engine, device_type)
@@ -45,9 +45,7 @@ def _resolve_compile(cfg: Config, engine: Engine, device_type: str) -> Config:
     if why:
         print(f"parallel.compile auto: off, as {why}", flush=True)
     on = engine.compiles(opts, p.compile, device_type)
-    new = replace(cfg, parallel=replace(p, compile=on))
-    object.__setattr__(new, "_explicit", explicit_keys(cfg))
-    return new
+    return replace_config(cfg, parallel=replace(p, compile=on))
 
 
 def mesh_replicas(cfg: Config) -> int:

@@ -1,4 +1,7 @@
-"""Start this node's workers through torch.distributed.run, and end with one line.
+"""Start this node's workers through torch's elastic agent, and end with one line.
+
+The agent is configured as `torchrun` would configure it (`torchrun_args`); each worker is forked from
+the launcher's fork server (`zerofit.launch.forkserver`) by `zerofit.train.forked`.
 
 Signals: the launcher handles SIGTERM and SIGINT itself (torch's agent is told to leave them). The
 first is forwarded to every worker, which finishes its optimizer step, saves and leaves a record;
@@ -19,19 +22,23 @@ import shutil
 import signal
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.run import get_args_parser, run
+from torch.distributed.launcher.api import elastic_launch
+from torch.distributed.run import config_from_args, get_args_parser
 
 from zerofit import checkpoint as ckpt
 from zerofit.config.schema import Config
 from zerofit.errors import UserError
 from zerofit.faults import report
 from zerofit.faults.signals import HANDLED, STOP_MARKER, signal_name
+from zerofit.launch import forkserver
 from zerofit.launch.options import LaunchOptions, PreparedRun
+from zerofit.train.forked import exit_statuses, forked
 
 
 class ForcedStop(Exception):
@@ -80,15 +87,18 @@ def _send(pid: int, sig: int, group: bool = False) -> None:
 
 
 def child_pids() -> list[int]:
-    """This process's direct children (the workers), from /proc."""
-    me, out = os.getpid(), []
+    """The workers, from /proc: this process's children and its fork server's, the launcher's
+    helper processes left out (`forkserver.helper_pids`)."""
+    helpers = forkserver.helper_pids()
+    parents, out = {os.getpid(), *helpers}, []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if int(fields[1]) == me:
-            out.append(int(stat.parent.name))
+        pid = int(stat.parent.name)
+        if int(fields[1]) in parents and pid not in helpers:
+            out.append(pid)
     return out
 
 
@@ -117,6 +127,22 @@ def torchrun_args(opts: LaunchOptions, nproc: int, max_restarts: int, log_dir: P
     return args
 
 
+def launch(args: list[str], argv: list[str], error_dir: Path) -> None:
+    """Run torch's elastic agent as `torchrun ARGS` would, its workers forks of the fork server
+    running `forked(argv, <this environment>, error_dir)`; ChildFailedError when one fails for
+    good."""
+    parsed = get_args_parser().parse_args([*args, "zerofit-worker"])  # the script is unused
+    if parsed.standalone:  # as torchrun's own `run` sets it up
+        parsed.rdzv_backend, parsed.rdzv_endpoint = "c10d", "localhost:0"
+        parsed.rdzv_id = str(uuid.uuid4())
+    if parsed.master_port is None:
+        parsed.master_port = 29500
+    config, _, _ = config_from_args(parsed)
+    config.start_method = forkserver.METHOD
+    forkserver.start()  # running already when `zerofit train` started it
+    elastic_launch(config, forked)(argv, dict(os.environ), str(error_dir))
+
+
 def worker_argv(prep: PreparedRun, error_dir: Path | None = None) -> list[str]:
     argv = ["--config", str(prep.config_file), "--run-dir", str(prep.run_dir)]
     if prep.resume_from:
@@ -130,18 +156,19 @@ def spawn(prep: PreparedRun, opts: LaunchOptions, nproc: int) -> int:
     """Start `nproc` workers on this node; returns the exit status after printing its line."""
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     logging.getLogger("torch.distributed.run").setLevel(logging.CRITICAL)
+    # "Terminating process N via signal SIGTERM": the agent stopping a failed rank's peers
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.CRITICAL)
     if "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
     scratch = Path(tempfile.mkdtemp(prefix="zerofit-launch-"))
     error_dir = scratch / "errors"
     error_dir.mkdir()
     args = torchrun_args(opts, nproc, prep.cfg.train.max_restarts, scratch / "elastic")
-    args += ["--module", "zerofit.train.worker", *worker_argv(prep, error_dir)]
     stopper = LauncherSignals(error_dir)
     stopper.install()
     codes: dict[int, int] = {}
     try:
-        run(get_args_parser().parse_args(args))
+        launch(args, worker_argv(prep, error_dir), error_dir)
     except ChildFailedError as e:
         codes = {rank: f.exitcode for rank, f in e.failures.items()}
     except ForcedStop:
@@ -149,6 +176,8 @@ def spawn(prep: PreparedRun, opts: LaunchOptions, nproc: int) -> int:
     finally:
         stopper.uninstall()
         records = report.read_records(error_dir)
+        # every failed rank's status: the agent's error names only the first rank it saw end
+        codes = {**exit_statuses(error_dir), **codes}
         shutil.rmtree(scratch, ignore_errors=True)
     if opts.nnodes == 1:  # every writer is gone: a save cut short leaves nothing behind
         root = ckpt.checkpoint_root(prep.cfg.checkpoint.dir, prep.run_dir)

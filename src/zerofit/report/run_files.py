@@ -78,6 +78,7 @@ def environment(ctx: DistContext) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "device": ctx.device.type,
         "world_size": ctx.world_size,
+        "threads": torch.get_num_threads(),  # each rank's CPU ops (OMP_NUM_THREADS)
         "gpus": gpus,
         "env": {k: v for k, v in os.environ.items() if k.startswith(keep)},
     }

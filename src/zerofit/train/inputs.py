@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from zerofit.config import Config
+from zerofit.config.replacing import replace_config
 from zerofit.data import DataBundle, GlobalBatch, PackedLoader, SampleOptions, build_data
 from zerofit.data.sizing import epoch_steps, passes
 from zerofit.errors import UserError
@@ -163,4 +164,4 @@ def resolve_steps(
         f"train.epochs={t.epochs:g}: {steps} steps x {batch} rows over {rows} packed training "
         f"rows ({passes(steps, batch, rows)} epochs)"
     )
-    return replace(cfg, train=replace(t, steps=steps)), note
+    return replace_config(cfg, train=replace(t, steps=steps)), note

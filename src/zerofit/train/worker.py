@@ -1,7 +1,8 @@
 """Entry point of one training process, and how any training process ends.
 
-`zerofit train` starts workers through torch.distributed.run (`python -m zerofit.train.worker`); under
-an external torchrun or srun, `zerofit train` itself is the worker (`zerofit.cli`). Either way
+`zerofit train` starts workers through torch's elastic agent, each forked from the launcher's fork
+server (`zerofit.train.forked`); `python -m zerofit.train.worker` starts one as a fresh process. Under an external torchrun or srun, `zerofit train` itself is the worker
+(`zerofit.cli`). Either way
 `run_worker` runs the training and turns every way it can end into an exit status and, where
 the user must be told, one line: printed here, or left as a record for our launcher to print.
 """

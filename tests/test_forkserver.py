@@ -1,0 +1,73 @@
+"""The launcher's fork server (`zerofit.launch.forkserver`) and the workers forked from it
+(`zerofit.train.forked`): what a fork must have that a fresh process had."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import train_run
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+# Starts the server, has it fork one process once its imports are done, and prints the server's
+# thread count and what the fork found imported before it imported anything itself.
+PROBE = """
+import json, multiprocessing, os, sys
+from zerofit.launch import forkserver
+
+def loaded(queue):
+    queue.put([m for m in ("torch", "torch._dynamo", "zerofit.train.forked") if m in sys.modules])
+
+if __name__ == "__main__":
+    forkserver.start()
+    ctx = multiprocessing.get_context(forkserver.METHOD)
+    queue = ctx.Queue()
+    child = ctx.Process(target=loaded, args=(queue,))
+    child.start()
+    found = queue.get(timeout=300)
+    child.join()
+    server = forkserver.helper_pids() - {child.pid}
+    threads = {pid: len(os.listdir(f"/proc/{pid}/task")) for pid in server}
+    print(json.dumps({"found": found, "threads": threads, "omp": os.environ.get("OMP_NUM_THREADS")}))
+"""
+
+
+def test_the_fork_server_imports_the_workers_modules_on_one_thread(tmp_path: Path) -> None:
+    """A fork of a process whose OpenMP pool exists hangs at its first parallel op (a one-process
+    two-node run hung so): the server imports torch without starting any thread, and the launcher's
+    own OMP_NUM_THREADS is left as it was."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"}
+    out = subprocess.run(
+        [sys.executable, "probe.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,  # a hang guard
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["found"] == ["torch", "torch._dynamo", "zerofit.train.forked"]
+    assert got["threads"] and all(n == 1 for n in got["threads"].values()), got
+    assert got["omp"] == "2"
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_each_worker_computes_on_the_threads_the_launcher_gives_it(
+    tmp_path: Path, nproc: int
+) -> None:
+    """The launcher gives each rank cores / ranks threads (the fork server imported torch with
+    one); env.json records what rank 0 computed on."""
+    extra = {"train": {"steps": 1}, "checkpoint": {"save_final": False}}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("OMP_NUM_THREADS", raising=False)
+        run = train_run(tmp_path, "run", extra, "--nproc", str(nproc))
+    want = max(1, (os.cpu_count() or 1) // nproc)
+    env = json.loads((run / "env.json").read_text())
+    assert env["threads"] == want
+    assert env["env"]["OMP_NUM_THREADS"] == str(want)
