@@ -129,7 +129,7 @@ GC, ZF_AC = AC + "8b-dpo-trl-liger/results.json", AC + "8b-dpo-zerofit-ac/result
 AC_ROWS = {  # the doc's row -> (the bench variant, the plan JSON of its config)
     "zerofit, DDP + full AC, 4 pairs x 2": ("DDP + full AC, 4 pairs x 2", "plan-ddp42.json"),
     "zerofit, DDP + full AC, 2 pairs x 4": ("DDP + full AC, 2 pairs x 4", "plan-ddp24.json"),
-    "zerofit, `backend: auto` + full AC (FSDP full-shard + AC), 2 pairs x 4": (
+    "zerofit, `backend: auto` + full AC written (ran as FSDP full-shard without AC: see below), 2 pairs x 4": (
         "auto + full AC, 2 pairs x 4",
         "plan-auto.json",
     ),
