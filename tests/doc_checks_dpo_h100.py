@@ -63,6 +63,7 @@ def readme_dpo() -> list[str]:
         f"{zf1['mem_alloc_gib']:.1f} GiB against {trl1['peak_allocated_gib']:.1f}",
         *readme_dpo_mem(),
         *readme_dpo_ac(),
+        *readme_dpo_ac2(),
     ]
 
 
@@ -183,4 +184,73 @@ DPO_H100["dpo-8b-ac-plan"] = (
     dpo_8b_ac_plan,
     1,
 )
-README_DPO = ([LIGER_8B, ZF_8B, TRL_1B, ZF_1B, NOGC, ZF_MEM, GC, ZF_AC], readme_dpo)
+AC2 = "2026-12-06-dpo-8b-ac2-h100/"
+GC2, ZF_AC2 = AC2 + "8b-dpo-trl-liger/results.json", AC2 + "8b-dpo-zerofit-ac2/results.json"
+AC2_ROWS = {  # the doc's row -> (the bench variant, the plan JSON of its resolved config)
+    "zerofit, `backend: auto` + full AC (resolved to FSDP full-shard + AC), 2 pairs x 4": (
+        "auto + full AC, 2 pairs x 4",
+        "plan-fsdp24.json",
+    ),
+    "zerofit, `backend: auto` + full AC (resolved to DDP + AC), 1 pair x 8": (
+        "auto + full AC, 1 pair x 8",
+        "plan-ddp18.json",
+    ),
+    "zerofit, DDP + full AC, 1 pair x 8": ("DDP + full AC, 1 pair x 8", "plan-ddp18.json"),
+}
+
+
+def _ac2_runs() -> dict[str, dict]:
+    runs = {r["name"]: r for r in _load(ZF_AC2)["results"]}
+    assert all(r["status"] == "ok" and r["measured_steps"] == 10 for r in runs.values())
+    assert all("parallel.activation_checkpointing=full" in r["overrides"] for r in runs.values())
+    return runs
+
+
+def dpo_8b_ac2() -> dict[str, list]:
+    """The fourth call: TRL + Liger with gradient checkpointing, zerofit's three recomputing runs."""
+    gc, runs = _trl(GC2), _ac2_runs()
+    assert gc["stack"] == "trl-dpo+peft+liger+gc" and gc["micro"] * gc["accum"] == 8
+    row = "TRL + PEFT + Liger Kernel, gradient checkpointing, 4 pairs x 2"
+    out = {row: [gc["real_tokens_per_s"], gc["step_s_median"], gc["peak_allocated_gib"], "–"]}
+    for row, (name, _) in AC2_ROWS.items():
+        zf = runs[name]
+        ratio = zf["real_tokens_per_s"] / gc["real_tokens_per_s"]
+        out[row] = [zf["real_tokens_per_s"], zf["step_time_s"], zf["mem_alloc_gib"], ratio]
+    return out
+
+
+def dpo_8b_ac2_plan() -> dict[str, list]:
+    """Each zerofit run against `plan --json`'s as-configured row for its resolved config."""
+    runs, out = _ac2_runs(), {}
+    for row, (name, plan) in AC2_ROWS.items():
+        zf, f = runs[name], _load(AC2 + plan)["as_configured"]
+        out[row.removeprefix("zerofit, ")] = [
+            f["peak_allocated_gib"],
+            100 * (f["peak_allocated_gib"] / zf["mem_alloc_gib"] - 1),
+            f["step_time_s"],
+            100 * (f["step_time_s"] / zf["step_time_s"] - 1),
+        ]
+    return out
+
+
+def readme_dpo_ac2() -> list[str]:
+    """The README's sentence on TRL's memory: DDP + AC at one pair a micro-batch (one call)."""
+    gc, ddp = _trl(GC2), _ac2_runs()["DDP + full AC, 1 pair x 8"]
+    ratio = ddp["real_tokens_per_s"] / gc["real_tokens_per_s"]
+    return [
+        f"runs {ddp['real_tokens_per_s']:,.0f} real tokens/s, {ratio:.2f}x TRL + PEFT + Liger "
+        f"Kernel's {gc['real_tokens_per_s']:,.0f}, at {ddp['mem_alloc_gib']:.1f} GiB against its "
+        f"{gc['peak_allocated_gib']:.2f} GiB",
+    ]
+
+
+DPO_H100["dpo-8b-ac2"] = ([GC2, ZF_AC2], dpo_8b_ac2, 1)
+DPO_H100["dpo-8b-ac2-plan"] = (
+    [ZF_AC2, AC2 + "plan-fsdp24.json", AC2 + "plan-ddp18.json"],
+    dpo_8b_ac2_plan,
+    1,
+)
+README_DPO = (
+    [LIGER_8B, ZF_8B, TRL_1B, ZF_1B, NOGC, ZF_MEM, GC, ZF_AC, GC2, ZF_AC2],
+    readme_dpo,
+)
