@@ -10,8 +10,11 @@ OUT/ac-trace-<pid>.json as the run goes.
     torchrun --standalone --nproc-per-node 1 benchmarks/ac_trace.py OUT train -c CONFIG [k=v...]
 
 On CPU (torch 2.11 and 2.13, a 2-layer Hugging Face Llama, DPO LoRA, compiled, full AC) DDP and
-FSDP both call each block 6 times in 2 steps and save the same 2.1 MB. The 8B H100 run of
-2026-12-06 (FSDP + full AC at DDP-without-AC memory) has not been traced with it yet."""
+FSDP both call each block 6 times in 2 steps and save the same 2.1 MB. On the 8B H100 run of
+2026-12-06 (`benchmarks/fsdp_ac_probe.sh`) it showed `auto` resolving to FSDP without AC (the
+launcher lost the written setting; fixed). A run without AC cannot be traced: its blocks compile
+whole (fullgraph), and Dynamo refuses the disabled hook ("Skip calling torch.compiler.disable()d
+function")."""
 
 from __future__ import annotations
 

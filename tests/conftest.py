@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
+from zerofit.faults.signals import parent_of
+
 if TYPE_CHECKING:
     import torch
 
@@ -279,10 +281,8 @@ def worker_pids(launcher_pid: int) -> dict[int, int]:
     """The workers of a one-node launch, by local rank, from /proc: zerofit's are forked from the
     launcher's fork server by each rank's supervisor and named ``zerofit-rank<N>``; torchrun's are
     its children, started with LOCAL_RANK in their environment."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    pids = [int(d.name) for d in Path("/proc").glob("[0-9]*")]
+    parents = {pid: parent for pid in pids if (parent := parent_of(pid)) is not None}
     out = {}
     for pid, parent in parents.items():
         with contextlib.suppress(OSError, ValueError):

@@ -5,6 +5,7 @@ medians of one device call (8B: call 4, 1B: call 5)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from doc_checks_speed2 import _load
@@ -69,12 +70,22 @@ def readme_dpo() -> list[str]:
 
 def readme_dpo_ac() -> list[str]:
     """The README's sentence on the recomputing call: DDP at 4 pairs x 2 against TRL + Liger."""
-    gc, ddp = _trl(GC), _ac_runs()["DDP + full AC, 4 pairs x 2"]
-    ratio = ddp["real_tokens_per_s"] / gc["real_tokens_per_s"]
+    return _readme_against(GC, ZF_AC, "DDP + full AC, 4 pairs x 2", "against {:.1f} GiB")
+
+
+def readme_dpo_ac2() -> list[str]:
+    """The README's sentence on TRL's memory: DDP + AC at one pair a micro-batch (one call)."""
+    return _readme_against(GC2, ZF_AC2, "DDP + full AC, 1 pair x 8", "against its {:.2f} GiB")
+
+
+def _readme_against(gc_path: str, zf_path: str, variant: str, trl_memory: str) -> list[str]:
+    """A README sentence: one zerofit run of a recomputing call against its TRL + Liger run."""
+    gc, zf = _trl(gc_path), _recomputing_runs(zf_path)[variant]
+    ratio = zf["real_tokens_per_s"] / gc["real_tokens_per_s"]
     return [
-        f"runs {ddp['real_tokens_per_s']:,.0f} real tokens/s, {ratio:.2f}x TRL + PEFT + Liger "
-        f"Kernel's {gc['real_tokens_per_s']:,.0f}, at {ddp['mem_alloc_gib']:.1f} GiB against "
-        f"{gc['peak_allocated_gib']:.1f} GiB",
+        f"runs {zf['real_tokens_per_s']:,.0f} real tokens/s, {ratio:.2f}x TRL + PEFT + Liger "
+        f"Kernel's {gc['real_tokens_per_s']:,.0f}, at {zf['mem_alloc_gib']:.1f} GiB "
+        + trl_memory.format(gc["peak_allocated_gib"]),
     ]
 
 
@@ -137,39 +148,33 @@ AC_ROWS = {  # the doc's row -> (the bench variant, the plan JSON of its config)
 }
 
 
-def _ac_runs() -> dict[str, dict]:
-    runs = {r["name"]: r for r in _load(ZF_AC)["results"]}
+def _recomputing_runs(rel: str) -> dict[str, dict]:
+    """A recomputing call's zerofit runs by variant (each ran 10 steps with full AC written)."""
+    runs = {r["name"]: r for r in _load(rel)["results"]}
     assert all(r["status"] == "ok" and r["measured_steps"] == 10 for r in runs.values())
     assert all("parallel.activation_checkpointing=full" in r["overrides"] for r in runs.values())
     return runs
 
 
-def dpo_8b_ac() -> dict[str, list]:
-    """The recomputing call: TRL + Liger with gradient checkpointing, zerofit's three runs."""
-    gc, runs = _trl(GC), _ac_runs()
+def _recomputing_table(gc_path: str, zf_path: str, rows: dict) -> dict[str, list]:
+    """A recomputing call: TRL + Liger with gradient checkpointing, then each of zerofit's runs."""
+    gc, runs = _trl(gc_path), _recomputing_runs(zf_path)
     assert gc["stack"] == "trl-dpo+peft+liger+gc" and gc["micro"] * gc["accum"] == 8
-    out = {
-        "TRL + PEFT + Liger Kernel, gradient checkpointing, 4 pairs x 2": [
-            gc["real_tokens_per_s"],
-            gc["step_s_median"],
-            gc["peak_allocated_gib"],
-            "–",
-        ]
-    }
-    for row, (name, _) in AC_ROWS.items():
+    row = "TRL + PEFT + Liger Kernel, gradient checkpointing, 4 pairs x 2"
+    out = {row: [gc["real_tokens_per_s"], gc["step_s_median"], gc["peak_allocated_gib"], "–"]}
+    for row, (name, _) in rows.items():
         zf = runs[name]
         ratio = zf["real_tokens_per_s"] / gc["real_tokens_per_s"]
         out[row] = [zf["real_tokens_per_s"], zf["step_time_s"], zf["mem_alloc_gib"], ratio]
     return out
 
 
-def dpo_8b_ac_plan() -> dict[str, list]:
+def _plan_errors(folder: str, zf_path: str, rows: dict) -> dict[str, list]:
     """Each zerofit run against `plan --json`'s as-configured row for its config."""
-    runs, out = _ac_runs(), {}
-    for row, (name, plan) in AC_ROWS.items():
-        zf, f = runs[name], _load(AC + plan)["as_configured"]
-        label = row.removeprefix("zerofit, ")
-        out[label] = [
+    runs, out = _recomputing_runs(zf_path), {}
+    for row, (name, plan) in rows.items():
+        zf, f = runs[name], _load(folder + plan)["as_configured"]
+        out[row.removeprefix("zerofit, ")] = [
             f["peak_allocated_gib"],
             100 * (f["peak_allocated_gib"] / zf["mem_alloc_gib"] - 1),
             f["step_time_s"],
@@ -178,10 +183,14 @@ def dpo_8b_ac_plan() -> dict[str, list]:
     return out
 
 
-DPO_H100["dpo-8b-ac"] = ([GC, ZF_AC], dpo_8b_ac, 1)
+def _plans(folder: str, rows: dict) -> list[str]:
+    return list(dict.fromkeys(folder + plan for _, plan in rows.values()))
+
+
+DPO_H100["dpo-8b-ac"] = ([GC, ZF_AC], partial(_recomputing_table, GC, ZF_AC, AC_ROWS), 1)
 DPO_H100["dpo-8b-ac-plan"] = (
-    [ZF_AC, *(AC + plan for _, plan in AC_ROWS.values())],
-    dpo_8b_ac_plan,
+    [ZF_AC, *_plans(AC, AC_ROWS)],
+    partial(_plan_errors, AC, ZF_AC, AC_ROWS),
     1,
 )
 AC2 = "2026-12-06-dpo-8b-ac2-h100/"
@@ -199,55 +208,10 @@ AC2_ROWS = {  # the doc's row -> (the bench variant, the plan JSON of its resolv
 }
 
 
-def _ac2_runs() -> dict[str, dict]:
-    runs = {r["name"]: r for r in _load(ZF_AC2)["results"]}
-    assert all(r["status"] == "ok" and r["measured_steps"] == 10 for r in runs.values())
-    assert all("parallel.activation_checkpointing=full" in r["overrides"] for r in runs.values())
-    return runs
-
-
-def dpo_8b_ac2() -> dict[str, list]:
-    """The fourth call: TRL + Liger with gradient checkpointing, zerofit's three recomputing runs."""
-    gc, runs = _trl(GC2), _ac2_runs()
-    assert gc["stack"] == "trl-dpo+peft+liger+gc" and gc["micro"] * gc["accum"] == 8
-    row = "TRL + PEFT + Liger Kernel, gradient checkpointing, 4 pairs x 2"
-    out = {row: [gc["real_tokens_per_s"], gc["step_s_median"], gc["peak_allocated_gib"], "–"]}
-    for row, (name, _) in AC2_ROWS.items():
-        zf = runs[name]
-        ratio = zf["real_tokens_per_s"] / gc["real_tokens_per_s"]
-        out[row] = [zf["real_tokens_per_s"], zf["step_time_s"], zf["mem_alloc_gib"], ratio]
-    return out
-
-
-def dpo_8b_ac2_plan() -> dict[str, list]:
-    """Each zerofit run against `plan --json`'s as-configured row for its resolved config."""
-    runs, out = _ac2_runs(), {}
-    for row, (name, plan) in AC2_ROWS.items():
-        zf, f = runs[name], _load(AC2 + plan)["as_configured"]
-        out[row.removeprefix("zerofit, ")] = [
-            f["peak_allocated_gib"],
-            100 * (f["peak_allocated_gib"] / zf["mem_alloc_gib"] - 1),
-            f["step_time_s"],
-            100 * (f["step_time_s"] / zf["step_time_s"] - 1),
-        ]
-    return out
-
-
-def readme_dpo_ac2() -> list[str]:
-    """The README's sentence on TRL's memory: DDP + AC at one pair a micro-batch (one call)."""
-    gc, ddp = _trl(GC2), _ac2_runs()["DDP + full AC, 1 pair x 8"]
-    ratio = ddp["real_tokens_per_s"] / gc["real_tokens_per_s"]
-    return [
-        f"runs {ddp['real_tokens_per_s']:,.0f} real tokens/s, {ratio:.2f}x TRL + PEFT + Liger "
-        f"Kernel's {gc['real_tokens_per_s']:,.0f}, at {ddp['mem_alloc_gib']:.1f} GiB against its "
-        f"{gc['peak_allocated_gib']:.2f} GiB",
-    ]
-
-
-DPO_H100["dpo-8b-ac2"] = ([GC2, ZF_AC2], dpo_8b_ac2, 1)
+DPO_H100["dpo-8b-ac2"] = ([GC2, ZF_AC2], partial(_recomputing_table, GC2, ZF_AC2, AC2_ROWS), 1)
 DPO_H100["dpo-8b-ac2-plan"] = (
-    [ZF_AC2, AC2 + "plan-fsdp24.json", AC2 + "plan-ddp18.json"],
-    dpo_8b_ac2_plan,
+    [ZF_AC2, *_plans(AC2, AC2_ROWS)],
+    partial(_plan_errors, AC2, ZF_AC2, AC2_ROWS),
     1,
 )
 README_DPO = (

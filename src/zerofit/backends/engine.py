@@ -34,6 +34,14 @@ class LaunchCheck:
     files: dict[str, str] = field(default_factory=dict)  # name -> text, kept in the run folder
 
 
+def compiles_unless(compile_setting: bool | str, device_type: str, why_not: str | None) -> bool:
+    """`parallel.compile` as a run resolves it: written `true`/`false` kept, `auto` on CUDA unless
+    the engine gave a reason not to (`why_not`, its `Engine.uncompiled`)."""
+    if compile_setting != "auto":
+        return bool(compile_setting)
+    return device_type == "cuda" and why_not is None
+
+
 class Engine(Generic[OptionsT]):
     name: ClassVar[str]
     options: type[OptionsT]  # the dataclass of `parallel.<name>` (a class attribute)
@@ -85,9 +93,7 @@ class Engine(Generic[OptionsT]):
         """Whether a run with these options and `parallel.compile` compiles on `device_type`:
         `auto` compiles on CUDA unless `uncompiled` says why not. The planner and a run's
         resolution both ask here."""
-        if compile_setting != "auto":
-            return bool(compile_setting)
-        return device_type == "cuda" and self.uncompiled(opts) is None
+        return compiles_unless(compile_setting, device_type, self.uncompiled(opts))
 
     def launch_check(self, cfg: Config, world_size: int) -> LaunchCheck:
         """Check the files this engine's library will run from, for a resolved config, before

@@ -65,10 +65,11 @@ def signal_name(signum: int) -> str:
 def die_with_parent(launcher: int) -> bool:
     """Have the kernel kill this process when its parent dies: our launcher, or the rank's
     supervisor, forked from the launcher's fork server (`zerofit.train.forked`), which ends when
-    the launcher does. False if the launcher is already gone. A launcher killed outright (SIGKILL, an OOM kill, a test's timeout)
-    cannot forward a signal, and its workers would otherwise live on, holding ports, memory and
-    build locks. This is the second-signal case: the workers go at once. Linux only; elsewhere
-    nothing changes."""
+    the launcher does. False if `launcher` is not among the three nearest ancestors (gone
+    already). A launcher killed outright (SIGKILL, an OOM kill, a test's timeout) cannot forward
+    a signal, and its workers would otherwise live on, holding ports, memory and build locks.
+    This is the second-signal case: the workers go at once. Linux only; elsewhere nothing
+    changes."""
     if sys.platform.startswith("linux"):
         pr_set_pdeathsig = 1
         libc = ctypes.CDLL(None, use_errno=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from zerofit.backends import engine_of
-from zerofit.backends.engine import Engine
+from zerofit.backends.engine import Engine, compiles_unless
 from zerofit.config import check_world, explicit_keys, resolve_precision
 from zerofit.config.replacing import replace_config
 from zerofit.config.schema import Config
@@ -39,12 +39,13 @@ def resolve(cfg: Config, world_size: int, device_type: str) -> Config:
 
 
 def _resolve_compile(cfg: Config, engine: Engine, device_type: str) -> Config:
-    """`parallel.compile` as a bool, as the engine's resolved options allow (`Engine.compiles`)."""
+    """`parallel.compile` as a bool, as the engine's resolved options allow (`Engine.compiles`'s
+    rule), saying so when they keep `auto` off."""
     p, opts = cfg.parallel, engine.opts(cfg)
-    why = engine.uncompiled(opts) if p.compile == "auto" and device_type == "cuda" else None
-    if why:
-        print(f"parallel.compile auto: off, as {why}", flush=True)
-    on = engine.compiles(opts, p.compile, device_type)
+    why_not = engine.uncompiled(opts)
+    on = compiles_unless(p.compile, device_type, why_not)
+    if p.compile == "auto" and device_type == "cuda" and not on:
+        print(f"parallel.compile auto: off, as {why_not}", flush=True)
     return replace_config(cfg, parallel=replace(p, compile=on))
 
 

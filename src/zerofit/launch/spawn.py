@@ -35,7 +35,7 @@ from zerofit import checkpoint as ckpt
 from zerofit.config.schema import Config
 from zerofit.errors import UserError
 from zerofit.faults import report
-from zerofit.faults.signals import HANDLED, STOP_MARKER, signal_name
+from zerofit.faults.signals import HANDLED, STOP_MARKER, parent_of, signal_name
 from zerofit.launch import forkserver
 from zerofit.launch.options import LaunchOptions, PreparedRun
 from zerofit.train.forked import exit_statuses, forked
@@ -90,16 +90,9 @@ def child_pids() -> list[int]:
     """The workers, from /proc: this process's children and its fork server's, the launcher's
     helper processes left out (`forkserver.helper_pids`)."""
     helpers = forkserver.helper_pids()
-    parents, out = {os.getpid(), *helpers}, []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        pid = int(stat.parent.name)
-        if int(fields[1]) in parents and pid not in helpers:
-            out.append(pid)
-    return out
+    parents = {os.getpid(), *helpers}
+    pids = (int(d.name) for d in Path("/proc").glob("[0-9]*"))
+    return [pid for pid in pids if pid not in helpers and parent_of(pid) in parents]
 
 
 def resume_hint(cfg: Config, run_dir: Path, config_file: Path) -> str:

@@ -22,6 +22,7 @@ from zerofit.backends.deepspeed.costs import param_swap_buffers
 from zerofit.backends.deepspeed.fill import Resolved, fill_json
 from zerofit.backends.deepspeed.json_paths import put
 from zerofit.backends.deepspeed.nvme import uncompiled_on_disk
+from zerofit.backends.engine import compiles_unless
 from zerofit.config import Config, get_field
 from zerofit.config.limits import shown
 from zerofit.errors import UserError
@@ -206,11 +207,9 @@ def needs_plain_linear(cfg: Config) -> bool:
 
 
 def _compiled(cfg: Config) -> bool:
-    """Whether the run compiles, `auto` as it resolves on a GPU (`Engine.compiles`)."""
-    setting = cfg.parallel.compile
-    if setting != "auto":
-        return bool(setting)
-    return uncompiled_on_disk(cfg.parallel.deepspeed) is None
+    """Whether the run compiles, `auto` as it resolves on a GPU (the engine's `compiles`)."""
+    why_not = uncompiled_on_disk(cfg.parallel.deepspeed)
+    return compiles_unless(cfg.parallel.compile, "cuda", why_not)
 
 
 def torch_adam_offloaded(cfg: Config) -> bool:
