@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from conftest import train_run
+
+from zerofit.faults.signals import parent_of
+from zerofit.train import forked
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 # Starts the server, has it fork one process once its imports are done, and prints the server's
@@ -71,3 +76,39 @@ def test_each_worker_computes_on_the_threads_the_launcher_gives_it(
     env = json.loads((run / "env.json").read_text())
     assert env["threads"] == want
     assert env["env"]["OMP_NUM_THREADS"] == str(want)
+
+
+def test_a_stop_signal_after_the_worker_is_reaped_cannot_break_the_supervisor() -> None:
+    """The agent stops a failed rank's supervisor with SIGTERM, which may land after the
+    supervisor has reaped its worker: passing it on must not raise, or the supervisor dies before
+    it writes the rank's exit status and the launcher blames a peer's gloo error instead."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)  # reaped: the pid is free (or someone else's, which `kill` would hit)
+    forked._pass_on(pid, signal.SIGTERM)
+
+
+def test_a_supervisor_ends_as_its_killed_worker_did_and_says_so(tmp_path: Path) -> None:
+    """A rank's worker killed by SIGKILL: its supervisor writes the status and ends killed by
+    SIGKILL too. It once tried to reset SIGKILL's action, which raises, and so ended with status 1
+    (an error file the agent reported over the supervisor's file): the launcher then blamed the
+    peer's gloo error, whenever the agent saw this rank end first."""
+    supervisor = os.fork()
+    if supervisor == 0:  # the supervisor, with a worker that only waits to be killed
+        forked._work = lambda _argv, _rank: (time.sleep(60), os._exit(0))  # type: ignore[assignment]
+        try:
+            forked.forked([], dict(os.environ), str(tmp_path))
+        finally:
+            os._exit(3)
+    deadline = time.monotonic() + 30
+    while not (workers := children(supervisor)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(workers[0], signal.SIGKILL)
+    _, status = os.waitpid(supervisor, 0)
+    assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+    assert forked.exit_statuses(tmp_path) == {0: -signal.SIGKILL}
+
+
+def children(pid: int) -> list[int]:
+    return [int(p.name) for p in Path("/proc").glob("[0-9]*") if parent_of(int(p.name)) == pid]

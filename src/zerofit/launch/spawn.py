@@ -169,8 +169,9 @@ def spawn(prep: PreparedRun, opts: LaunchOptions, nproc: int) -> int:
     finally:
         stopper.uninstall()
         records = report.read_records(error_dir)
-        # every failed rank's status: the agent's error names only the first rank it saw end
-        codes = {**exit_statuses(error_dir), **codes}
+        # every failed rank's status: the agent's error names only the first rank it saw end,
+        # and only as its supervisor ended; the supervisor's file says how the worker ended
+        codes = {**codes, **exit_statuses(error_dir)}
         shutil.rmtree(scratch, ignore_errors=True)
     if opts.nnodes == 1:  # every writer is gone: a save cut short leaves nothing behind
         root = ckpt.checkpoint_root(prep.cfg.checkpoint.dir, prep.run_dir)

@@ -57,13 +57,20 @@ def forked(argv: list[str], env: dict[str, str], error_dir: str) -> int:
     rank = int(os.environ.get("RANK", "0"))
     status = status_file(Path(error_dir), rank)
     status.unlink(missing_ok=True)  # a restart's supervisor: the last attempt's is no longer news
+    # a stop signal that arrives before the handlers are in place waits for them (blocked
+    # across the fork; the worker unblocks its own copy of the mask)
+    signal.pthread_sigmask(signal.SIG_BLOCK, PASSED_ON)
     worker = os.fork()
     if worker == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
         _work(argv, rank)
     for sig in PASSED_ON:
-        signal.signal(sig, lambda signum, _frame: os.kill(worker, signum))
+        signal.signal(sig, lambda signum, _frame: _pass_on(worker, signum))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
     name_process(f"zerofit-sup{rank}")
     _, wait_status = os.waitpid(worker, 0)
+    for sig in PASSED_ON:  # the worker is reaped: its pid may be anyone's now
+        signal.signal(sig, signal.SIG_IGN)
     code = os.waitstatus_to_exitcode(wait_status)
     if code == 0:
         return 0
@@ -71,9 +78,17 @@ def forked(argv: list[str], env: dict[str, str], error_dir: str) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     if code < 0:  # end as the worker did: killed by its signal
-        signal.signal(-code, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's action cannot be set
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     os._exit(code if code > 0 else 1)
+
+
+def _pass_on(worker: int, signum: int) -> None:
+    """A stop signal, on to the worker. It may have ended already, a zombie not yet reaped: no
+    error may escape into the supervisor's wait, or its exit status would never be written."""
+    with contextlib.suppress(OSError):
+        os.kill(worker, signum)
 
 
 def _let_the_server_end() -> None:
