@@ -41,12 +41,32 @@ run() {  # run NAME TIMEOUT ARGS...: one bench group, skipped when the deadline 
   zf_bench "$name" "$limit" 3 4 "${base[@]}" "$@"
 }
 
-zf_prebuild &  # DeepSpeed's fused and CPU Adam build while the first two (torch-only) run
+# The host's launch and hook rates, timed on this machine (`zerofit plan --host-probe`), before
+# and after the runs: tools/planner_residuals.py forecasts the runs of this folder with the first
+# (planner_corpus.probed_host); the second says how much the probe moves within one call.
+probe() { python3 -m zerofit.cli plan --preset llama3-1b --gpus 1 --host-probe --json > "$1" 2> "$1.log" || tail -3 "$1.log"; }
+probe "$root/host-probe.json"
+# DeepSpeed's fused and CPU Adam build while the first runs (torch-only) go, on 4 of the cores
+# at the lowest priority: the host's speed is what these runs measure
+MAX_JOBS=4 taskset -c 12-15 nice -n 19 bash -c "source $(dirname "$0")/bench_lib.sh; root=$root; zf_prebuild" &
+# Four new configurations (2026-12-06, after the probe was built), none in any earlier file:
+#   new-ddp-short      DDP eager, llama3-1b at 1 x 512 x 2: launches alone decide it
+#   new-fsdp-short     FSDP2 eager, llama3-1b at 1 x 1024 x 2: FSDP2's hooks and launches
+#   new-fsdp-cshort    FSDP2 compiled, llama3-1b at 1 x 1024 x 2: compiled launches at the eager rate
+#   new-zero3-short    ZeRO-3 eager, the 2.1B shape at 1 x 1024 x 2: DeepSpeed's hooks at FSDP2's rate
+run new-ddp-short 50 --model.preset llama3-1b --model.seq_len 512 \
+  --variant "ddp eager 1x512 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=ddp parallel.compile=false"
+run new-fsdp-short 50 --model.preset llama3-1b --model.seq_len 1024 \
+  --variant "fsdp eager 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=fsdp parallel.compile=false"
+run new-fsdp-cshort 75 --model.preset llama3-1b --model.seq_len 1024 \
+  --variant "fsdp compiled 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=fsdp parallel.compile=true"
 run ddp-every2 60 --model.preset llama3-1b --model.seq_len 2048 \
   --variant "ddp AC every 2 eager 4x1: train.micro_batch_size=4 train.grad_accum_steps=1 precision.master_dtype=fp32 parallel.backend=ddp parallel.activation_checkpointing=every_k parallel.ac_every=2 parallel.compile=false"
 run fsdp-eager 60 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 1024 \
   --variant "fsdp eager 2x2: train.micro_batch_size=2 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=fsdp parallel.compile=false"
 wait
+run new-zero3-short 75 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 1024 \
+  --variant "zero3 eager 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.compile=false"
 run zero1-bf16 75 --model.preset llama3-1b --model.seq_len 2048 \
   --variant "zero1 bf16 states eager 2x2: train.micro_batch_size=2 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=1 parallel.compile=false"
 run zero3-cpu 110 --model.preset llama3-1b --model.overrides "$s29" --model.seq_len 2048 \
@@ -60,6 +80,7 @@ run fsdp-compiled 75 --model.preset llama3-1b --model.overrides "$s21" --model.s
 run lora-first8 120 --model.preset llama3-8b --model.seq_len 2048 \
   --variant "lora r64 first 8 compiled 2x2: train.micro_batch_size=2 train.grad_accum_steps=2 model.lora.rank=64 parallel.backend=fsdp parallel.activation_checkpointing=first_k parallel.ac_blocks=8 parallel.compile=true"
 
+probe "$root/host-probe-after.json"
 python3 benchmarks/bundle_results.py "$root" "$root/all-results.json"
 python3 tools/planner_residuals.py --results "$root" --json "$root/heldout-forecast.json" \
   > "$root/heldout-table.md" 2>&1

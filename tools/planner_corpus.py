@@ -75,6 +75,7 @@ def fixture_models() -> Iterator[None]:
 
 
 GIB = 2**30
+PROBE_FILE = "host-probe.json"  # `zerofit plan --host-probe --json` of the device call
 HOST_RAM = 125 * GIB  # the H200 and H100 hosts' RAM as the planner saw it (offload fits)
 
 S3, S4 = "2026-12-03-speed2-h200/", "2026-12-04-speed2-h200/"
@@ -272,7 +273,7 @@ def bench_runs(path: Path, base: Path = DATA) -> Iterator[Run | tuple[str, str]]
             if isinstance(cfg, str):
                 yield key, cfg
                 continue
-            hw = hardware(gpu, nproc)
+            hw = probed_host(hardware(gpu, nproc), path, base)
             s = resolve(key, path, index, cfg, hw)
             if isinstance(s, str):
                 yield key, s
@@ -282,6 +283,21 @@ def bench_runs(path: Path, base: Path = DATA) -> Iterator[Run | tuple[str, str]]
                 extra = (*extra, "padded")
             m, w = shape_from_config(cfg), workload_for(cfg, nproc)
             yield Run(key, "bench", m, w, s, hw, r["step_time_s"], r.get("mem_alloc_gib"), extra)
+
+
+def probed_host(hw: Hardware, path: Path, base: Path) -> Hardware:
+    """`hw` with the host rates that `zerofit plan --host-probe --json` measured in the same
+    device call, saved as PROBE_FILE beside the results or in a folder above them (under
+    `base`); unchanged where none was saved."""
+    for folder in [path.parent, *path.parent.parents]:
+        probe = folder / PROBE_FILE
+        if probe.is_file():
+            found = json.loads(probe.read_text())["hardware"]
+            launch, hook = found["host_launch_us"] * 1e-6, found["host_hook_us"] * 1e-6
+            return replace(hw, host_launch_s=launch, host_hook_s=hook, host_from=found["host_from"])
+        if folder == base:
+            break
+    return hw
 
 
 def _command_of(name: str) -> dict[str, Any] | None:

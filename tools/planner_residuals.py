@@ -26,7 +26,7 @@ import statistics
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -89,8 +89,9 @@ def step_time(r: Run) -> float:
 
 
 def row(r: Run) -> Row:
-    with constants(0.0, 0.0, 0):
-        roofline = step_time(r)
+    with constants(0.0, 0.0, 0):  # a probed host's rates too (`planner_corpus.probed_host`)
+        roofline = speed.predict(r.m, r.w, r.s, replace(r.hw, host_launch_s=0.0, host_hook_s=0.0))
+        roofline = roofline.step_time
     today = speed.predict(r.m, r.w, r.s, r.hw)
     mem = estimate(r.m, r.w, r.s).peak_allocated / GIB
     return Row(r, roofline, today.step_time, today.host, mem)

@@ -61,6 +61,8 @@ class Engine(Generic[OptionsT]):
     fp32_checkpoints: ClassVar[bool] = False
     # The config key of the directory this engine offloads to NVMe in, if it can.
     nvme_dir_key: ClassVar[str | None] = None
+    # the engine whose hooks `planner.host_probe` times for the host's hook rate (one does)
+    probes_host_hooks: ClassVar[bool] = False
     # The command that prints the file this engine's library runs from (`render_file`), if any.
     file_command: ClassVar[str | None] = None
     file_help: ClassVar[str] = ""
@@ -176,6 +178,13 @@ class Engine(Generic[OptionsT]):
         """Python hook calls per micro-batch and per optimizer step (`HostCalls`); none where
         the engine's hooks run in C++ (DDP's reducer)."""
         return HostCalls()
+
+    def hook_for_probe(self, model: Any, blocks: Any) -> int:
+        """Put this engine's hooks on `model` (zerofit's Llama, each of `blocks` a unit) over the
+        process group in use, for `zerofit.planner.host_probe` to time the host's hook rate;
+        returns the hook calls a unit counts as in `host_calls`. 0: this engine is not the one
+        the probe times (`probes_host_hooks`)."""
+        return 0
 
     # ------------------------------------------------------------------ doctor
 

@@ -116,6 +116,23 @@ def _probe_dir(given: str | None, base: Config) -> str | None:
     return found
 
 
+def _with_host(hw: Hardware, given: tuple[float, float] | None, probing: bool) -> Hardware:
+    """The host's launch and hook rates: `--host-us`'s, or timed here (`--host-probe`)."""
+    if given is not None:
+        return replace(hw, host_launch_s=given[0], host_hook_s=given[1], host_from="--host-us")
+    if not probing:
+        return hw
+    from zerofit.planner import host_probe  # why: imports torch; only --host-probe needs it
+
+    found = host_probe.probe()
+    return replace(
+        hw,
+        host_launch_s=found.launch_s,
+        host_hook_s=found.hook_s,
+        host_from=f"probed: {found.where}",
+    )
+
+
 def objective_lines(base: Config, w: Workload, m: ModelShape | None = None) -> list[str]:
     """What the objective adds to the forecasts above: DPO's reference (`m`: the model's shape,
     for the size of a frozen copy; read from `base` when not given)."""
@@ -139,6 +156,7 @@ def cmd_plan(args: argparse.Namespace, stdout: TextIO, overrides: list[str] | No
     shape, base = plan_args.model_and_base(args, overrides or [])
     hw, found = _hardware(args, base.train.gpu_memory_limit)
     hw = disk.with_disk(hw, args.nvme_bw, _probe_dir(args.nvme_probe, base))
+    hw = _with_host(hw, args.host_us, args.host_probe)
     w = plan_args.workload(args, base, hw, shape)
     fixed = args.global_batch or base.train.global_batch_size
     splits = None

@@ -104,6 +104,18 @@ def add_host_arguments(p: argparse.ArgumentParser) -> None:
         help="time 256 MiB written and read back with O_DIRECT in DIR (default: the config's "
         "NVMe offload directory) for the disk's bandwidth and free space",
     )
+    p.add_argument(
+        "--host-us",
+        metavar="LAUNCH,HOOK",
+        help="the host's microseconds per kernel launch and per engine hook call (as "
+        "--host-probe measures them); default: fitted on the H200 machine's host",
+    )
+    p.add_argument(
+        "--host-probe",
+        action="store_true",
+        help="time kernel launches and FSDP2's hooks on this machine's first GPU (a few "
+        "seconds) for the host's share of each step",
+    )
 
 
 def size(flag: str, text: str | None, positive: bool = False) -> int | None:
@@ -130,6 +142,17 @@ def disk_bandwidth(text: str | None) -> tuple[float, float] | None:
     return (read or 0.0, write or 0.0)
 
 
+def host_rates(text: str | None) -> tuple[float, float] | None:
+    """`--host-us LAUNCH,HOOK` in microseconds, each a finite number > 0; in seconds."""
+    if text is None:
+        return None
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise UserError(f"--host-us takes LAUNCH,HOOK in microseconds, got {shown(text)}")
+    launch = parse_positive("--host-us", parts[0]) or 0.0
+    return launch * 1e-6, (parse_positive("--host-us", parts[1]) or 0.0) * 1e-6
+
+
 def numbers(args: argparse.Namespace) -> argparse.Namespace:
     """Every numeric flag read and checked (UserError naming the flag); the rest as given."""
     out = argparse.Namespace(**vars(args))
@@ -140,6 +163,9 @@ def numbers(args: argparse.Namespace) -> argparse.Namespace:
     out.cpu_mem = size("--cpu-mem", args.cpu_mem)
     out.nvme = size("--nvme", args.nvme)
     out.nvme_bw = disk_bandwidth(args.nvme_bw)
+    out.host_us = host_rates(args.host_us)
+    if out.host_us is not None and args.host_probe:
+        raise UserError("--host-us and --host-probe both give the host's speed: give one")
     out.peak_tflops = parse_positive("--peak-tflops", args.peak_tflops)
     out.gpu = find_gpu(args.gpu) if args.gpu is not None else None
     if out.dim and out.heads and out.dim % out.heads:

@@ -126,7 +126,13 @@ def host_words(hw: Hardware) -> str:
     if hw.cpu_mem is None:
         return "host RAM unknown (give --cpu-mem): offload cannot fit"
     where = {"given": "given", "detected": "detected here"}.get(hw.cpu_mem_from, hw.cpu_mem_from)
-    return f"host RAM {hw.cpu_mem / GIB:,.0f} GiB per node ({where})"
+    words = f"host RAM {hw.cpu_mem / GIB:,.0f} GiB per node ({where})"
+    if hw.host_launch_s is not None and hw.host_hook_s is not None:
+        words += (
+            f"; host {hw.host_launch_s * 1e6:.1f} us a kernel launch, "
+            f"{hw.host_hook_s * 1e6:.1f} us a hook call ({hw.host_from})"
+        )
+    return words
 
 
 def title(m: ModelShape, w: Workload, hw: Hardware, global_batch: int | None) -> str:

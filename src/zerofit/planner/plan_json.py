@@ -23,7 +23,6 @@ def to_json(
     configured: Configured | None = None,
     suggested: list[Suggestion] | None = None,
 ) -> dict[str, Any]:
-    gib = 2**30
     best = recommend(options)
     return {
         "model": {
@@ -44,21 +43,7 @@ def to_json(
             "fp8": w.fp8,
             "lora": asdict(w.lora) if w.lora else None,
         },
-        "hardware": {
-            "gpus_per_node": hw.gpus_per_node,
-            "nodes": hw.nodes,
-            "gpu": hw.name,
-            "gpu_from": hw.gpu_from,
-            "gpu_mem_gib": hw.gpu_mem / gib,
-            "gpu_mem_from": hw.gpu_mem_from,
-            "peak_tflops": hw.peak_flops / 1e12,
-            "mem_bw_gbs": hw.mem_bw / 1e9,
-            "intra_bw_gbs": hw.intra_bw / 1e9,
-            "pcie_bw_gbs": hw.pcie_bw / 1e9,
-            "cpu_mem_gib": None if hw.cpu_mem is None else hw.cpu_mem / gib,
-            "cpu_mem_from": hw.cpu_mem_from,
-            "nvme_tb": hw.nvme / 1e12,
-        },
+        "hardware": hardware_json(hw),
         "headroom": headroom(hw),
         "options": [
             {
@@ -109,4 +94,28 @@ def option_json(o: Option, w: Workload) -> dict[str, Any]:
         "step_time_s": o.speed.step_time,
         "tokens_per_s": o.speed.tokens_per_s,
         "mfu": o.speed.mfu,
+    }
+
+
+def hardware_json(hw: Hardware) -> dict[str, object]:
+    """The machine planned for: its GPUs, host RAM, disk and host speed, and where each came
+    from."""
+    gib = GIB
+    return {
+        "gpus_per_node": hw.gpus_per_node,
+        "nodes": hw.nodes,
+        "gpu": hw.name,
+        "gpu_from": hw.gpu_from,
+        "gpu_mem_gib": hw.gpu_mem / gib,
+        "gpu_mem_from": hw.gpu_mem_from,
+        "peak_tflops": hw.peak_flops / 1e12,
+        "mem_bw_gbs": hw.mem_bw / 1e9,
+        "intra_bw_gbs": hw.intra_bw / 1e9,
+        "pcie_bw_gbs": hw.pcie_bw / 1e9,
+        "cpu_mem_gib": None if hw.cpu_mem is None else hw.cpu_mem / gib,
+        "cpu_mem_from": hw.cpu_mem_from,
+        "nvme_tb": hw.nvme / 1e12,
+        "host_launch_us": None if hw.host_launch_s is None else hw.host_launch_s * 1e6,
+        "host_hook_us": None if hw.host_hook_s is None else hw.host_hook_s * 1e6,
+        "host_from": hw.host_from,
     }

@@ -76,6 +76,12 @@ class Hardware:
     cpu_mem_from: str = "given"  # where cpu_mem comes from: given | detected | unknown
     # where gpu_mem comes from: card | --gpu-mem | train.gpu_memory_limit
     gpu_mem_from: str = "card"
+    # The host's speed at issuing the GPU's work (`planner.speed.host_seconds`): seconds per
+    # kernel launch and per engine hook call, from `plan --host-probe` (`planner.host_probe`) or
+    # `--host-us`; None: speed's constants, fitted on the H200 machine's host
+    host_launch_s: float | None = None
+    host_hook_s: float | None = None
+    host_from: str = "assumed"  # assumed | --host-us | probed (<cpu>, <device>)
 
     @property
     def world_size(self) -> int:

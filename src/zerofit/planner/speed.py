@@ -200,12 +200,24 @@ def launches(m: ModelShape, w: Workload, s: Strategy) -> float:
     return L * block + forwards * forward + selective
 
 
-def host_seconds(m: ModelShape, w: Workload, s: Strategy) -> tuple[float, float]:
+def host_rates(hw: Hardware | None) -> tuple[float, float]:
+    """(seconds per kernel launch, seconds per engine hook call) on the host: the machine's
+    probed or given figures (`Hardware.host_launch_s`, `host_hook_s`), else the fitted constants."""
+    if hw is None:
+        return LAUNCH_SECONDS, HOOK_SECONDS
+    launch = LAUNCH_SECONDS if hw.host_launch_s is None else hw.host_launch_s
+    return launch, HOOK_SECONDS if hw.host_hook_s is None else hw.host_hook_s
+
+
+def host_seconds(
+    m: ModelShape, w: Workload, s: Strategy, hw: Hardware | None = None
+) -> tuple[float, float]:
     """(host seconds a step that the GPU's work can hide, host seconds after backward that
     nothing hides): every micro-batch's launches and engine hooks; the step's engine hooks."""
+    launch, hook = host_rates(hw)
     calls = s.engine.host_calls(m, w, s.options)
-    micro_batch = launches(m, w, s) * LAUNCH_SECONDS + calls.micro_batch * HOOK_SECONDS
-    return micro_batch * w.grad_accum_steps, calls.step * HOOK_SECONDS
+    micro_batch = launches(m, w, s) * launch + calls.micro_batch * hook
+    return micro_batch * w.grad_accum_steps, calls.step * hook
 
 
 def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
@@ -228,7 +240,7 @@ def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:
     host = s.engine.offload_seconds(m, w, s.options, hw)
     copies = host.micro_batch * w.grad_accum_steps  # hidden under compute as communication is
     offload = host.step + max(0.0, copies - OVERLAP * compute)
-    hidden, unhidden = host_seconds(m, w, s)  # the host issues the GPU's work as it runs
+    hidden, unhidden = host_seconds(m, w, s, hw)  # the host issues the GPU's work as it runs
     step = max(compute + exposed + offload - host.step, hidden) + host.step + unhidden
     tps = tokens_step / step
     mfu = flops_per_token(m, w) * tps / (W * hw.peak_flops)

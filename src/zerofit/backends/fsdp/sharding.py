@@ -4,8 +4,9 @@ root; with explicit prefetch of the neighbouring blocks' all-gathers."""
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     MixedPrecisionPolicy,
@@ -57,6 +58,15 @@ def apply_fsdp(
     fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)
     units.append(model)
     return units
+
+
+def shard_for_probe(model: nn.Module, blocks: nn.ModuleList) -> None:
+    """FSDP2 as a bf16 full-shard run applies it, over the process group in use (the host
+    probe's fake one), on the device `model` is on."""
+    device = next(model.parameters()).device.type
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    kwargs = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32}
+    apply_fsdp(model, blocks, mesh, reshard_after_forward=True, cpu_offload=False, **kwargs)
 
 
 def _explicit_prefetch(blocks: list[nn.Module], depth: int) -> None:

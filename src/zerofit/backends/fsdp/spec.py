@@ -50,6 +50,7 @@ FOREACH_CPU_ADAM_BW = 17e9
 
 class FSDP(Engine[FSDPOptions]):
     name = "fsdp"
+    probes_host_hooks = True
     options = FSDPOptions
     runtime_module = "zerofit.backends.fsdp.runtime"
     plan_keys = ("reshard_after_forward", "replicate_degree", "cpu_offload")
@@ -146,6 +147,13 @@ class FSDP(Engine[FSDPOptions]):
         Python: counted as BLOCK_LAYERS hook calls a unit (the 2026-12-04 fit, planner.speed)."""
         hooks = 4 if opts.reshard_after_forward else 3
         return HostCalls(hooks * (m.n_layers + 1) * BLOCK_LAYERS)
+
+    def hook_for_probe(self, model: Any, blocks: Any) -> int:
+        """zerofit's full-shard sharding in bf16 (`sharding.shard_for_probe`): 4 hooks a unit."""
+        from zerofit.backends.fsdp.sharding import shard_for_probe  # why: imports torch
+
+        shard_for_probe(model, blocks)
+        return 4 * BLOCK_LAYERS
 
     def shard_share(self, opts: FSDPOptions, world_size: int) -> float:
         return opts.replicate_degree / world_size

@@ -1,0 +1,119 @@
+"""The host's speed as an input (`zerofit plan --host-probe`, `--host-us`): the probe
+(`zerofit.planner.host_probe`) times kernel launches and FSDP2's hooks where it runs, and the
+planner's host term (`zerofit.planner.speed.host_seconds`) charges those rates instead of the
+constants fitted on the H200 machine's host."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from zerofit.backends.terms import BLOCK_LAYERS, Workload
+from zerofit.cli import main
+from zerofit.models.shape import shape_from_preset
+from zerofit.planner import host_probe, speed
+from zerofit.planner.memory import Strategy
+from zerofit.planner.shape import Hardware
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import planner_corpus  # noqa: E402
+
+H100 = Hardware(gpus_per_node=1, gpu_mem=80 * 10**9, cpu_mem=125 * 2**30)
+DELAY = 0.05  # host seconds added to every FSDP2 unit's forward
+
+
+def fsdp_eager_short() -> tuple[object, ...]:
+    m = shape_from_preset("llama3-1b")
+    w = Workload(1, 1024, 1, grad_accum_steps=2, master_dtype="bf16")
+    return m, w, Strategy.of("fsdp", compile=False)
+
+
+def test_the_host_term_charges_the_machines_rates_when_given() -> None:
+    m, w, s = fsdp_eager_short()
+    assumed = speed.host_seconds(m, w, s, H100)[0]  # type: ignore[arg-type]
+    assert assumed == speed.host_seconds(m, w, s)[0]  # type: ignore[arg-type]
+    launch, hook = speed.LAUNCH_SECONDS, speed.HOOK_SECONDS
+    slower = replace(H100, host_launch_s=2 * launch, host_hook_s=2 * hook)
+    assert speed.host_seconds(m, w, s, slower)[0] == pytest.approx(2 * assumed)  # type: ignore[arg-type]
+    hooks_free = replace(H100, host_launch_s=launch, host_hook_s=0.0)
+    assert speed.host_seconds(m, w, s, hooks_free)[0] < assumed  # type: ignore[arg-type]
+    assert speed.predict(m, w, s, slower).step_time > speed.predict(m, w, s, H100).step_time  # type: ignore[arg-type]
+
+
+def test_the_probe_measures_host_time_added_to_each_unit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every FSDP2 unit made DELAY slower on the host (a forward pre-hook that sleeps): the
+    probe's unit time rises by about DELAY, and its hook rate is that over the calls a unit
+    counts as. Sleep cannot be shorter than asked, so the lower bound holds on a busy host."""
+    monkeypatch.setattr(host_probe, "WARMUP", 1)
+    monkeypatch.setattr(host_probe, "STEPS", 3)
+    monkeypatch.setattr(host_probe, "REPEATS", 3)
+    hooked = host_probe._hooked
+
+    def slowed(layers: int, device: torch.device) -> tuple[torch.nn.Module, int]:
+        model, calls = hooked(layers, device)
+        for block in model.layers:  # type: ignore[union-attr]
+            block.register_forward_pre_hook(lambda *_: time.sleep(DELAY))
+        return model, calls
+
+    monkeypatch.setattr(host_probe, "_hooked", slowed)
+    found = host_probe.probe()
+    assert 0.8 * DELAY < found.unit_s < 1.4 * DELAY, found
+    assert found.hook_s == pytest.approx(found.unit_s / (4 * BLOCK_LAYERS))  # FSDP2's count
+    assert found.launch_s == pytest.approx(found.block_s / speed.BLOCK_KERNELS)
+    assert found.launch_s > 0 and "CPU" in found.where
+    assert not torch.distributed.is_initialized()  # its fake process group is gone
+
+
+def plan(capsys: pytest.CaptureFixture[str], *flags: str) -> str:
+    assert main(["plan", "--preset", "llama3-1b", "--gpus", "1", "--gpu", "H100", *flags]) == 0
+    return capsys.readouterr().out
+
+
+def test_plan_takes_the_host_rates_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    slow = json.loads(plan(capsys, "--json", "--host-us", "100,1000"))
+    fast = json.loads(plan(capsys, "--json", "--host-us", "1,1"))
+    assert slow["hardware"]["host_from"] == "--host-us"
+    assert slow["hardware"]["host_launch_us"] == pytest.approx(100)
+    assert slow["hardware"]["host_hook_us"] == pytest.approx(1000)
+    by_label = {o["strategy"]: o["step_time_s"] for o in fast["options"]}
+    slower = [o for o in slow["options"] if o["step_time_s"] > by_label[o["strategy"]] * 1.5]
+    assert slower, "a host 100x slower moved no forecast"
+    text = " ".join(plan(capsys, "--host-us", "100,1000").split())
+    assert "100.0 us a kernel launch, 1000.0 us a hook call (--host-us)" in text
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--host-us", "5"], "--host-us takes LAUNCH,HOOK in microseconds, got '5'"),
+        (["--host-us", "5,-1"], "--host-us must be a finite number > 0, got '-1'"),
+        (["--host-us", "5,6", "--host-probe"], "--host-us and --host-probe both give"),
+    ],
+)
+def test_bad_host_flags_are_one_line(
+    capsys: pytest.CaptureFixture[str], flags: list[str], said: str
+) -> None:
+    args = ["plan", "--preset", "llama3-1b", "--gpus", "1", "--gpu", "H100", *flags]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and said in err, err
+
+
+def test_the_residuals_forecast_a_folder_with_its_probed_host(tmp_path: Path) -> None:
+    """A device call's probe (`host-probe.json`, written by `plan --host-probe --json`) is the
+    host its runs are forecast on, from any folder under the call's."""
+    call = tmp_path / "call"
+    (call / "run" / "logs").mkdir(parents=True)
+    probe = {"hardware": {"host_launch_us": 7.0, "host_hook_us": 40.0, "host_from": "probed: X"}}
+    (call / planner_corpus.PROBE_FILE).write_text(json.dumps(probe))
+    hw = planner_corpus.probed_host(H100, call / "run" / "results.json", tmp_path)
+    assert (hw.host_launch_s, hw.host_hook_s) == pytest.approx((7e-6, 40e-6))
+    assert hw.host_from == "probed: X"
+    elsewhere = tmp_path / "other" / "results.json"
+    assert planner_corpus.probed_host(H100, elsewhere, tmp_path) == H100
