@@ -91,7 +91,7 @@ def test_plan_takes_the_host_rates_and_says_so(capsys: pytest.CaptureFixture[str
 @pytest.mark.parametrize(
     "flags, said",
     [
-        (["--host-us", "5"], "--host-us takes LAUNCH,HOOK in microseconds, got '5'"),
+        (["--host-us", "5"], "--host-us takes LAUNCH,HOOK[,COMPILED] in microseconds, got '5'"),
         (["--host-us", "5,-1"], "--host-us must be a finite number > 0, got '-1'"),
         (["--host-us", "5,6", "--host-probe"], "--host-us and --host-probe both give"),
     ],
@@ -117,3 +117,21 @@ def test_the_residuals_forecast_a_folder_with_its_probed_host(tmp_path: Path) ->
     assert hw.host_from == "probed: X"
     elsewhere = tmp_path / "other" / "results.json"
     assert planner_corpus.probed_host(H100, elsewhere, tmp_path) == H100
+
+
+def test_compiled_kernels_launch_at_their_own_rate_where_known(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    m, w, s = fsdp_eager_short()
+    compiled = replace(s, compile=True)  # type: ignore[type-var]
+    given = replace(H100, host_launch_s=10e-6, host_hook_s=50e-6)
+    triton = replace(given, host_compiled_launch_s=40e-6)
+    assert speed.host_rates(triton, compiled=True) == (40e-6, 50e-6)
+    assert speed.host_rates(triton) == speed.host_rates(given, compiled=True) == (10e-6, 50e-6)
+    assert (
+        speed.host_seconds(m, w, compiled, triton)[0] > speed.host_seconds(m, w, compiled, given)[0]
+    )  # type: ignore[arg-type]
+    assert speed.host_seconds(m, w, s, triton) == speed.host_seconds(m, w, s, given)  # type: ignore[arg-type]
+    found = json.loads(plan(capsys, "--json", "--host-us", "10,50,40"))["hardware"]
+    assert found["host_compiled_launch_us"] == pytest.approx(40)
+    assert "(40.0 compiled)" in " ".join(plan(capsys, "--host-us", "10,50,40").split())

@@ -294,7 +294,15 @@ def probed_host(hw: Hardware, path: Path, base: Path) -> Hardware:
         if probe.is_file():
             found = json.loads(probe.read_text())["hardware"]
             launch, hook = found["host_launch_us"] * 1e-6, found["host_hook_us"] * 1e-6
-            return replace(hw, host_launch_s=launch, host_hook_s=hook, host_from=found["host_from"])
+            compiled = found.get("host_compiled_launch_us")
+            compiled = None if compiled is None else compiled * 1e-6
+            return replace(
+                hw,
+                host_launch_s=launch,
+                host_hook_s=hook,
+                host_compiled_launch_s=compiled,
+                host_from=found["host_from"],
+            )
         if folder == base:
             break
     return hw

@@ -90,7 +90,12 @@ def step_time(r: Run) -> float:
 
 def row(r: Run) -> Row:
     with constants(0.0, 0.0, 0):  # a probed host's rates too (`planner_corpus.probed_host`)
-        roofline = speed.predict(r.m, r.w, r.s, replace(r.hw, host_launch_s=0.0, host_hook_s=0.0))
+        roofline = speed.predict(
+            r.m,
+            r.w,
+            r.s,
+            replace(r.hw, host_launch_s=0.0, host_hook_s=0.0, host_compiled_launch_s=0.0),
+        )
         roofline = roofline.step_time
     today = speed.predict(r.m, r.w, r.s, r.hw)
     mem = estimate(r.m, r.w, r.s).peak_allocated / GIB

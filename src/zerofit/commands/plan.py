@@ -116,10 +116,17 @@ def _probe_dir(given: str | None, base: Config) -> str | None:
     return found
 
 
-def _with_host(hw: Hardware, given: tuple[float, float] | None, probing: bool) -> Hardware:
+def _with_host(hw: Hardware, given: tuple[float, ...] | None, probing: bool) -> Hardware:
     """The host's launch and hook rates: `--host-us`'s, or timed here (`--host-probe`)."""
     if given is not None:
-        return replace(hw, host_launch_s=given[0], host_hook_s=given[1], host_from="--host-us")
+        compiled = given[2] if len(given) > 2 else None
+        return replace(
+            hw,
+            host_launch_s=given[0],
+            host_hook_s=given[1],
+            host_compiled_launch_s=compiled,
+            host_from="--host-us",
+        )
     if not probing:
         return hw
     from zerofit.planner import host_probe  # why: imports torch; only --host-probe needs it
@@ -129,6 +136,7 @@ def _with_host(hw: Hardware, given: tuple[float, float] | None, probing: bool) -
         hw,
         host_launch_s=found.launch_s,
         host_hook_s=found.hook_s,
+        host_compiled_launch_s=found.compiled_launch_s,
         host_from=f"probed: {found.where}",
     )
 

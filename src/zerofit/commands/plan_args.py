@@ -106,15 +106,16 @@ def add_host_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--host-us",
-        metavar="LAUNCH,HOOK",
-        help="the host's microseconds per kernel launch and per engine hook call (as "
-        "--host-probe measures them); default: fitted on the H200 machine's host",
+        metavar="LAUNCH,HOOK[,COMPILED]",
+        help="the host's microseconds per kernel launch, per engine hook call and per compiled "
+        "kernel launch (default: LAUNCH), as --host-probe measures them; default: fitted on the "
+        "H200 machine's host",
     )
     p.add_argument(
         "--host-probe",
         action="store_true",
-        help="time kernel launches and FSDP2's hooks on this machine's first GPU (a few "
-        "seconds) for the host's share of each step",
+        help="time kernel launches (eager and compiled) and FSDP2's hooks on this machine's "
+        "first GPU (under a minute) for the host's share of each step",
     )
 
 
@@ -142,15 +143,17 @@ def disk_bandwidth(text: str | None) -> tuple[float, float] | None:
     return (read or 0.0, write or 0.0)
 
 
-def host_rates(text: str | None) -> tuple[float, float] | None:
-    """`--host-us LAUNCH,HOOK` in microseconds, each a finite number > 0; in seconds."""
+def host_rates(text: str | None) -> tuple[float, ...] | None:
+    """`--host-us LAUNCH,HOOK[,COMPILED]` in microseconds, each a finite number > 0; in
+    seconds."""
     if text is None:
         return None
     parts = text.split(",")
-    if len(parts) != 2:
-        raise UserError(f"--host-us takes LAUNCH,HOOK in microseconds, got {shown(text)}")
-    launch = parse_positive("--host-us", parts[0]) or 0.0
-    return launch * 1e-6, (parse_positive("--host-us", parts[1]) or 0.0) * 1e-6
+    if len(parts) not in (2, 3):
+        raise UserError(
+            f"--host-us takes LAUNCH,HOOK[,COMPILED] in microseconds, got {shown(text)}"
+        )
+    return tuple((parse_positive("--host-us", part) or 0.0) * 1e-6 for part in parts)
 
 
 def numbers(args: argparse.Namespace) -> argparse.Namespace:

@@ -128,10 +128,11 @@ def host_words(hw: Hardware) -> str:
     where = {"given": "given", "detected": "detected here"}.get(hw.cpu_mem_from, hw.cpu_mem_from)
     words = f"host RAM {hw.cpu_mem / GIB:,.0f} GiB per node ({where})"
     if hw.host_launch_s is not None and hw.host_hook_s is not None:
-        words += (
-            f"; host {hw.host_launch_s * 1e6:.1f} us a kernel launch, "
-            f"{hw.host_hook_s * 1e6:.1f} us a hook call ({hw.host_from})"
+        compiled = hw.host_compiled_launch_s
+        words += f"; host {hw.host_launch_s * 1e6:.1f} us a kernel launch" + (
+            f" ({compiled * 1e6:.1f} compiled)" if compiled is not None else ""
         )
+        words += f", {hw.host_hook_s * 1e6:.1f} us a hook call ({hw.host_from})"
     return words
 
 

@@ -8,14 +8,16 @@ both here, on the first GPU (else on the CPU, where an op's dispatch stands in f
 - **launch**: forward + backward of zerofit's Llama at a size where the GPU's kernels take less
   time than the host takes to issue them (hidden 256, 64 tokens, bf16). One block's host time is
   the time of a 6-block model less a 2-block one, over 4; a launch is that over the kernels a
-  block issues (`speed.BLOCK_KERNELS`, counted by benchmarks/block_launches.py).
+  block issues (`speed.BLOCK_KERNELS`, counted by benchmarks/block_launches.py). On a GPU the
+  same with the blocks compiled as a run compiles them gives a compiled kernel's launch, over
+  `speed.BLOCK_FUSED` (Triton's launcher is Python: its cost is not an eager op's).
 - **hook**: the same models with the hooks of the engine that `probes_host_hooks` (FSDP2, as a
   bf16 full-shard run shards: every block and the root a unit) over torch's fake process group
   of PROBE_WORLD ranks (its collectives return at once: the hooks' Python and copies are timed,
   not communication). A unit's extra host time, over the hook calls the engine's `host_calls`
   counts a unit as (`Engine.hook_for_probe`), is a hook call.
 Each time is the median of REPEATS timings of STEPS steps, after WARMUP steps.
-Not probed: compiled kernels' launches (charged at the eager rate), the other engines' hooks
+Not probed: compiled launches on a CPU (charged at the eager rate), the other engines' hooks
 (charged at the probed engine's rate per call), the CPU optimizer's speed.
 """
 
@@ -31,9 +33,10 @@ import torch
 import torch.distributed as dist
 
 from zerofit.backends import engines
+from zerofit.distributed.parallelize import apply_compile
 from zerofit.errors import UserError
 from zerofit.models import build_model
-from zerofit.planner.speed import BLOCK_KERNELS
+from zerofit.planner.speed import BLOCK_FUSED, BLOCK_KERNELS
 
 PROBE_WORLD = 2
 LAYERS = (2, 6)
@@ -47,6 +50,7 @@ class HostSpeed:
     launch_s: float  # host seconds per kernel launch
     hook_s: float  # host seconds per engine hook call
     block_s: float  # one eager block's forward + backward, host seconds
+    compiled_launch_s: float | None  # host seconds per compiled kernel launch (CUDA only)
     unit_s: float  # FSDP2's hooks on one unit a micro-batch, host seconds
     where: str  # "<cpu model>, <device>"
 
@@ -93,6 +97,13 @@ def _per_block(make: Callable[[int], torch.nn.Module], device: torch.device) -> 
     return max(0.0, (many - few) / (LAYERS[1] - LAYERS[0]))
 
 
+def _compiled(layers: int, device: torch.device) -> torch.nn.Module:
+    """The model in bf16 with its blocks compiled as a run compiles them (`apply_compile`)."""
+    model = _model(layers, device).to(torch.bfloat16)
+    apply_compile(model.layers)  # type: ignore[arg-type]
+    return model
+
+
 def _hooked(layers: int, device: torch.device) -> tuple[torch.nn.Module, int]:
     """The model with the probed engine's hooks on every block and the root, and the hook calls
     a unit counts as (`Engine.hook_for_probe`)."""
@@ -110,6 +121,9 @@ def probe() -> HostSpeed:
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     block = _per_block(lambda n: _model(n, device).to(torch.bfloat16), device)
+    compiled = None
+    if device.type == "cuda":  # Inductor's kernels are Triton's there; on a CPU, C++ loops
+        compiled = _per_block(lambda n: _compiled(n, device), device) / BLOCK_FUSED
     calls: list[int] = []
 
     def hooked(layers: int) -> torch.nn.Module:
@@ -127,6 +141,7 @@ def probe() -> HostSpeed:
         launch_s=block / BLOCK_KERNELS,
         hook_s=unit / calls[0],
         block_s=block,
+        compiled_launch_s=compiled,
         unit_s=unit,
         where=f"{cpu_name()}, {name}",
     )

@@ -81,6 +81,7 @@ class Hardware:
     # `--host-us`; None: speed's constants, fitted on the H200 machine's host
     host_launch_s: float | None = None
     host_hook_s: float | None = None
+    host_compiled_launch_s: float | None = None  # a compiled kernel's (None: host_launch_s)
     host_from: str = "assumed"  # assumed | --host-us | probed (<cpu>, <device>)
 
     @property
