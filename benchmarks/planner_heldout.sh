@@ -35,6 +35,7 @@ s29="{dim: 2560, n_layers: 32, n_heads: 20, n_kv_heads: 4, ffn_dim: 6912}"  # 2.
 left() { echo $((deadline - SECONDS)); }
 run() {  # run NAME TIMEOUT ARGS...: one bench group, skipped when the deadline is too close
   local name=$1 limit=$2; shift 2
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi  # ONLY="a b": those
   if [ "$(left)" -lt "$limit" ]; then limit=$(left); fi
   if [ "$limit" -lt 45 ]; then echo "== $name: skipped, out of time"; return; fi
   echo "== $name (at most ${limit}s, $(left)s left)"
@@ -65,6 +66,13 @@ run ddp-every2 60 --model.preset llama3-1b --model.seq_len 2048 \
 run fsdp-eager 60 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 1024 \
   --variant "fsdp eager 2x2: train.micro_batch_size=2 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=fsdp parallel.compile=false"
 wait
+# Two more (2026-12-06, second call, after the engines' own hook probes were built):
+#   new2-zero2-short   ZeRO-2 eager, llama3-1b at 1 x 1024 x 2: DeepSpeed's gradient hooks
+#   new2-gradop-short  FSDP2 grad-op (no reshard after forward) eager, the 2.1B shape at 1 x 1024 x 2
+run new2-zero2-short 60 --model.preset llama3-1b --model.seq_len 1024 \
+  --variant "zero2 eager 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=2 parallel.compile=false"
+run new2-gradop-short 50 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 1024 \
+  --variant "fsdp grad-op eager 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=fsdp parallel.fsdp.reshard_after_forward=false parallel.compile=false"
 run new-zero3-short 75 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 1024 \
   --variant "zero3 eager 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.compile=false"
 run zero1-bf16 75 --model.preset llama3-1b --model.seq_len 2048 \

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from zerofit.backends import engines
 from zerofit.backends.terms import BLOCK_LAYERS, Workload
 from zerofit.cli import main
 from zerofit.models.shape import shape_from_preset
@@ -23,6 +24,7 @@ from zerofit.planner.shape import Hardware
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import planner_corpus  # noqa: E402
+from conftest import zerofit  # noqa: E402
 
 H100 = Hardware(gpus_per_node=1, gpu_mem=80 * 10**9, cpu_mem=125 * 2**30)
 DELAY = 0.05  # host seconds added to every FSDP2 unit's forward
@@ -53,21 +55,40 @@ def test_the_probe_measures_host_time_added_to_each_unit(monkeypatch: pytest.Mon
     monkeypatch.setattr(host_probe, "WARMUP", 1)
     monkeypatch.setattr(host_probe, "STEPS", 3)
     monkeypatch.setattr(host_probe, "REPEATS", 3)
-    hooked = host_probe._hooked
+    fsdp = engines()["fsdp"]
 
-    def slowed(layers: int, device: torch.device) -> tuple[torch.nn.Module, int]:
-        model, calls = hooked(layers, device)
-        for block in model.layers:  # type: ignore[union-attr]
-            block.register_forward_pre_hook(lambda *_: time.sleep(DELAY))
-        return model, calls
+    class Slowed:
+        def hook_for_probe(self, model: torch.nn.Module, blocks: torch.nn.ModuleList) -> tuple:
+            step, calls = fsdp.hook_for_probe(model, blocks)  # type: ignore[misc]
+            for block in blocks:
+                block.register_forward_pre_hook(lambda *_: time.sleep(DELAY))
+            return step, calls
 
-    monkeypatch.setattr(host_probe, "_hooked", slowed)
+    monkeypatch.setattr(host_probe, "engines", lambda: {"fsdp": Slowed(), "ddp": engines()["ddp"]})
     found = host_probe.probe()
-    assert 0.8 * DELAY < found.unit_s < 1.4 * DELAY, found
-    assert found.hook_s == pytest.approx(found.unit_s / (4 * BLOCK_LAYERS))  # FSDP2's count
+    assert list(found.units) == ["fsdp"]  # DDP has no Python hooks to time
+    assert 0.8 * DELAY < found.units["fsdp"] < 1.4 * DELAY, found
+    assert found.hooks["fsdp"] == pytest.approx(found.units["fsdp"] / (4 * BLOCK_LAYERS))
     assert found.launch_s == pytest.approx(found.block_s / speed.BLOCK_KERNELS)
     assert found.launch_s > 0 and "CPU" in found.where
     assert not torch.distributed.is_initialized()  # its fake process group is gone
+
+
+def test_each_engine_is_probed_for_its_own_hooks(tmp_path: Path) -> None:
+    """ZeRO-3's hooks are timed under DeepSpeed itself (fake process group, CPU accelerator
+    here), not charged at FSDP2's rate; a forecast charges each engine its own. In a process of
+    its own: DeepSpeed patches torch for the rest of the process it initializes in."""
+    args = ["plan", "--preset", "llama3-1b", "--gpus", "1", "--gpu", "H100", "--json"]
+    out = zerofit(*args, "--host-probe", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = json.loads(out.stdout)["hardware"]
+    assert set(found["host_hooks_us"]) == {"fsdp", "deepspeed"}
+    assert all(rate > 0 for rate in found["host_hooks_us"].values())
+    assert found["host_from"].startswith("probed: ") and found["host_launch_us"] > 0
+    hooks = tuple((k, v * 1e-6) for k, v in found["host_hooks_us"].items())
+    hw = replace(H100, host_launch_s=found["host_launch_us"] * 1e-6, host_hooks=hooks)
+    assert speed.host_rates(hw, engine="deepspeed")[1] == dict(hooks)["deepspeed"]
+    assert speed.host_rates(hw, engine="fsdp")[1] == dict(hooks)["fsdp"]
 
 
 def plan(capsys: pytest.CaptureFixture[str], *flags: str) -> str:
@@ -85,7 +106,7 @@ def test_plan_takes_the_host_rates_and_says_so(capsys: pytest.CaptureFixture[str
     slower = [o for o in slow["options"] if o["step_time_s"] > by_label[o["strategy"]] * 1.5]
     assert slower, "a host 100x slower moved no forecast"
     text = " ".join(plan(capsys, "--host-us", "100,1000").split())
-    assert "100.0 us a kernel launch, 1000.0 us a hook call (--host-us)" in text
+    assert "100.0 us a kernel launch, a hook call 1000.0 us (--host-us)" in text
 
 
 @pytest.mark.parametrize(

@@ -293,14 +293,17 @@ def probed_host(hw: Hardware, path: Path, base: Path) -> Hardware:
         probe = folder / PROBE_FILE
         if probe.is_file():
             found = json.loads(probe.read_text())["hardware"]
-            launch, hook = found["host_launch_us"] * 1e-6, found["host_hook_us"] * 1e-6
-            compiled = found.get("host_compiled_launch_us")
-            compiled = None if compiled is None else compiled * 1e-6
+            us = {k: v for k, v in found.items() if k.startswith("host_") and k != "host_from"}
+            hooks = tuple((k, v * 1e-6) for k, v in (us.get("host_hooks_us") or {}).items())
+            secs = {
+                k: None if v is None else v * 1e-6 for k, v in us.items() if k != "host_hooks_us"
+            }
             return replace(
                 hw,
-                host_launch_s=launch,
-                host_hook_s=hook,
-                host_compiled_launch_s=compiled,
+                host_launch_s=secs.get("host_launch_us"),
+                host_hook_s=secs.get("host_hook_us"),
+                host_compiled_launch_s=secs.get("host_compiled_launch_us"),
+                host_hooks=hooks,
                 host_from=found["host_from"],
             )
         if folder == base:

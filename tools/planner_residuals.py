@@ -94,7 +94,9 @@ def row(r: Run) -> Row:
             r.m,
             r.w,
             r.s,
-            replace(r.hw, host_launch_s=0.0, host_hook_s=0.0, host_compiled_launch_s=0.0),
+            replace(
+                r.hw, host_launch_s=0.0, host_hook_s=0.0, host_compiled_launch_s=0.0, host_hooks=()
+            ),
         )
         roofline = roofline.step_time
     today = speed.predict(r.m, r.w, r.s, r.hw)

@@ -61,8 +61,6 @@ class Engine(Generic[OptionsT]):
     fp32_checkpoints: ClassVar[bool] = False
     # The config key of the directory this engine offloads to NVMe in, if it can.
     nvme_dir_key: ClassVar[str | None] = None
-    # the engine whose hooks `planner.host_probe` times for the host's hook rate (one does)
-    probes_host_hooks: ClassVar[bool] = False
     # The command that prints the file this engine's library runs from (`render_file`), if any.
     file_command: ClassVar[str | None] = None
     file_help: ClassVar[str] = ""
@@ -179,12 +177,13 @@ class Engine(Generic[OptionsT]):
         the engine's hooks run in C++ (DDP's reducer)."""
         return HostCalls()
 
-    def hook_for_probe(self, model: Any, blocks: Any) -> int:
-        """Put this engine's hooks on `model` (zerofit's Llama, each of `blocks` a unit) over the
-        process group in use, for `zerofit.planner.host_probe` to time the host's hook rate;
-        returns the hook calls a unit counts as in `host_calls`. 0: this engine is not the one
-        the probe times (`probes_host_hooks`)."""
-        return 0
+    def hook_for_probe(self, model: Any, blocks: Any) -> tuple[Callable[[Any], None], int] | None:
+        """This engine's hooks on `model` (zerofit's Llama in fp32, each of `blocks` a unit) over
+        the process group in use (the host probe's fake one), for `zerofit.planner.host_probe`
+        to time its hook calls on this host: (a forward + backward of a token batch, the hook
+        calls `host_calls` counts a unit as); None where it has no Python hooks to time (or
+        its library is missing)."""
+        return None
 
     # ------------------------------------------------------------------ doctor
 

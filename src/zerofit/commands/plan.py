@@ -135,7 +135,7 @@ def _with_host(hw: Hardware, given: tuple[float, ...] | None, probing: bool) -> 
     return replace(
         hw,
         host_launch_s=found.launch_s,
-        host_hook_s=found.hook_s,
+        host_hooks=tuple(found.hooks.items()),
         host_compiled_launch_s=found.compiled_launch_s,
         host_from=f"probed: {found.where}",
     )

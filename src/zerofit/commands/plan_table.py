@@ -127,12 +127,15 @@ def host_words(hw: Hardware) -> str:
         return "host RAM unknown (give --cpu-mem): offload cannot fit"
     where = {"given": "given", "detected": "detected here"}.get(hw.cpu_mem_from, hw.cpu_mem_from)
     words = f"host RAM {hw.cpu_mem / GIB:,.0f} GiB per node ({where})"
-    if hw.host_launch_s is not None and hw.host_hook_s is not None:
+    if hw.host_launch_s is not None:
         compiled = hw.host_compiled_launch_s
         words += f"; host {hw.host_launch_s * 1e6:.1f} us a kernel launch" + (
             f" ({compiled * 1e6:.1f} compiled)" if compiled is not None else ""
         )
-        words += f", {hw.host_hook_s * 1e6:.1f} us a hook call ({hw.host_from})"
+        hooks = [f"{rate * 1e6:.1f} us {name}" for name, rate in hw.host_hooks]
+        if hw.host_hook_s is not None:
+            hooks.append(f"{hw.host_hook_s * 1e6:.1f} us")
+        words += f", a hook call {', '.join(hooks) or 'as fitted'} ({hw.host_from})"
     return words
 
 

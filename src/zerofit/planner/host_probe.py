@@ -11,14 +11,17 @@ both here, on the first GPU (else on the CPU, where an op's dispatch stands in f
   block issues (`speed.BLOCK_KERNELS`, counted by benchmarks/block_launches.py). On a GPU the
   same with the blocks compiled as a run compiles them gives a compiled kernel's launch, over
   `speed.BLOCK_FUSED` (Triton's launcher is Python: its cost is not an eager op's).
-- **hook**: the same models with the hooks of the engine that `probes_host_hooks` (FSDP2, as a
-  bf16 full-shard run shards: every block and the root a unit) over torch's fake process group
-  of PROBE_WORLD ranks (its collectives return at once: the hooks' Python and copies are timed,
-  not communication). A unit's extra host time, over the hook calls the engine's `host_calls`
-  counts a unit as (`Engine.hook_for_probe`), is a hook call.
-Each time is the median of REPEATS timings of STEPS steps, after WARMUP steps.
-Not probed: compiled launches on a CPU (charged at the eager rate), the other engines' hooks
-(charged at the probed engine's rate per call), the CPU optimizer's speed.
+- **hooks**: the same models under each engine that has Python hooks to time
+  (`Engine.hook_for_probe`: FSDP2 as a bf16 full-shard run shards it, every block and the root a
+  unit; DeepSpeed ZeRO-3 in bf16, when DeepSpeed is installed) over torch's fake process group of
+  PROBE_WORLD ranks (its collectives return at once: the hooks' Python and copies are timed, not
+  communication). A unit's extra host time, over the hook calls that engine's `host_calls` counts
+  a unit as, is that engine's hook call. DeepSpeed's cost about twice FSDP2's a unit on this
+  project's CPU machine, so one rate for both misses one of them.
+Each pair of models (6 blocks and 2) is timed in turn, REPEATS times STEPS steps after WARMUP,
+and the median of the paired differences taken: a host that slows down for a while slows both.
+Not probed: compiled launches on a CPU (charged at the eager rate), ZeRO-1/2's hooks (charged at
+ZeRO-3's rate per call), the CPU optimizer's speed.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import platform
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,7 +44,7 @@ from zerofit.planner.speed import BLOCK_FUSED, BLOCK_KERNELS
 
 PROBE_WORLD = 2
 LAYERS = (2, 6)
-WARMUP, STEPS, REPEATS = 3, 10, 5
+WARMUP, STEPS, REPEATS = 3, 10, 7
 SHAPE = {"dim": 256, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 512, "vocab_size": 512}
 TOKENS = 64
 
@@ -48,11 +52,18 @@ TOKENS = 64
 @dataclass(frozen=True)
 class HostSpeed:
     launch_s: float  # host seconds per kernel launch
-    hook_s: float  # host seconds per engine hook call
-    block_s: float  # one eager block's forward + backward, host seconds
     compiled_launch_s: float | None  # host seconds per compiled kernel launch (CUDA only)
-    unit_s: float  # FSDP2's hooks on one unit a micro-batch, host seconds
+    hooks: dict[str, float]  # engine name -> host seconds per hook call of that engine
+    block_s: float  # one eager block's forward + backward, host seconds
+    units: dict[str, float]  # engine name -> its hooks on one unit a micro-batch, host seconds
     where: str  # "<cpu model>, <device>"
+
+
+Step = Callable[[torch.Tensor], None]
+
+
+class _NoHooks(Exception):
+    """An engine without Python hooks to time (`Engine.hook_for_probe` gave None)."""
 
 
 def cpu_name() -> str:
@@ -73,43 +84,62 @@ def _model(layers: int, device: torch.device) -> torch.nn.Module:
     return spec.construct().to(device)
 
 
-def _step_seconds(model: torch.nn.Module, device: torch.device) -> float:
-    """Median host seconds of a forward + backward, the GPU never the one waited on."""
-    tokens = torch.randint(0, SHAPE["vocab_size"], (1, TOKENS), device=device)
+def _plain(model: torch.nn.Module) -> Step:
+    return lambda tokens: model(tokens).float().sum().backward()
 
-    def steps(n: int) -> None:
+
+def _per_block(make: Callable[[int], Step], device: torch.device) -> float:
+    """One block's host seconds in a forward + backward: the two models of LAYERS timed in
+    turn, REPEATS times STEPS steps after WARMUP, the median of the paired differences (a host
+    that slows down for a while slows both of a pair)."""
+    tokens = torch.randint(0, SHAPE["vocab_size"], (1, TOKENS), device=device)
+    steps = [make(n) for n in LAYERS]
+
+    def seconds(step: Step, n: int) -> float:
+        start = time.perf_counter()
         for _ in range(n):
-            model(tokens).float().sum().backward()
+            step(tokens)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) / max(1, n)
 
-    steps(WARMUP)
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        steps(STEPS)
-        times.append((time.perf_counter() - start) / STEPS)
-    return statistics.median(times)
+    for step in steps:
+        seconds(step, WARMUP)
+    gaps = [seconds(steps[1], STEPS) - seconds(steps[0], STEPS) for _ in range(REPEATS)]
+    return max(0.0, statistics.median(gaps) / (LAYERS[1] - LAYERS[0]))
 
 
-def _per_block(make: Callable[[int], torch.nn.Module], device: torch.device) -> float:
-    few, many = (_step_seconds(make(n), device) for n in LAYERS)
-    return max(0.0, (many - few) / (LAYERS[1] - LAYERS[0]))
-
-
-def _compiled(layers: int, device: torch.device) -> torch.nn.Module:
+def _compiled(layers: int, device: torch.device) -> Step:
     """The model in bf16 with its blocks compiled as a run compiles them (`apply_compile`)."""
     model = _model(layers, device).to(torch.bfloat16)
     apply_compile(model.layers)  # type: ignore[arg-type]
-    return model
+    return _plain(model)
 
 
-def _hooked(layers: int, device: torch.device) -> tuple[torch.nn.Module, int]:
-    """The model with the probed engine's hooks on every block and the root, and the hook calls
-    a unit counts as (`Engine.hook_for_probe`)."""
-    model = _model(layers, device)
-    engine = next(e for e in engines().values() if e.probes_host_hooks)
-    return model, engine.hook_for_probe(model, model.layers)
+def _engine_units(device: torch.device, block: float) -> tuple[dict[str, float], dict[str, float]]:
+    """(engine -> seconds per hook call, engine -> seconds its hooks add a unit), for every
+    engine with hooks to time (`Engine.hook_for_probe`), over a fake process group."""
+    hooks, units = {}, {}
+    for name, engine in engines().items():
+        calls: list[int] = []
+
+        def hooked(layers: int, engine=engine, calls=calls) -> Step:  # noqa: ANN001
+            model = _model(layers, device)
+            found = engine.hook_for_probe(model, model.layers)
+            if found is None:
+                raise _NoHooks
+            calls.append(found[1])
+            return found[0]
+
+        dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=PROBE_WORLD)
+        try:
+            units[name] = max(0.0, _per_block(hooked, device) - block)
+        except _NoHooks:
+            continue
+        finally:
+            dist.destroy_process_group()
+        hooks[name] = units[name] / calls[0]
+    return hooks, units
 
 
 def probe() -> HostSpeed:
@@ -120,28 +150,19 @@ def probe() -> HostSpeed:
     from torch.testing._internal.distributed import fake_pg  # noqa: F401  # why: test backend
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    block = _per_block(lambda n: _model(n, device).to(torch.bfloat16), device)
+    block = _per_block(lambda n: _plain(_model(n, device).to(torch.bfloat16)), device)
     compiled = None
     if device.type == "cuda":  # Inductor's kernels are Triton's there; on a CPU, C++ loops
         compiled = _per_block(lambda n: _compiled(n, device), device) / BLOCK_FUSED
-    calls: list[int] = []
-
-    def hooked(layers: int) -> torch.nn.Module:
-        model, per_unit = _hooked(layers, device)
-        calls.append(per_unit)
-        return model
-
-    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=PROBE_WORLD)
-    try:
-        unit = max(0.0, _per_block(hooked, device) - block)
-    finally:
-        dist.destroy_process_group()
+    with warnings.catch_warnings():  # the engines' own, about collectives that do nothing here
+        warnings.simplefilter("ignore")
+        hooks, units = _engine_units(device, block)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     return HostSpeed(
         launch_s=block / BLOCK_KERNELS,
-        hook_s=unit / calls[0],
-        block_s=block,
         compiled_launch_s=compiled,
-        unit_s=unit,
+        hooks=hooks,
+        block_s=block,
+        units=units,
         where=f"{cpu_name()}, {name}",
     )

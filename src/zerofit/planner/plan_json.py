@@ -117,6 +117,7 @@ def hardware_json(hw: Hardware) -> dict[str, object]:
         "nvme_tb": hw.nvme / 1e12,
         "host_launch_us": None if hw.host_launch_s is None else hw.host_launch_s * 1e6,
         "host_hook_us": None if hw.host_hook_s is None else hw.host_hook_s * 1e6,
+        "host_hooks_us": {name: rate * 1e6 for name, rate in hw.host_hooks},
         "host_compiled_launch_us": None
         if hw.host_compiled_launch_s is None
         else hw.host_compiled_launch_s * 1e6,

@@ -82,6 +82,7 @@ class Hardware:
     host_launch_s: float | None = None
     host_hook_s: float | None = None
     host_compiled_launch_s: float | None = None  # a compiled kernel's (None: host_launch_s)
+    host_hooks: tuple[tuple[str, float], ...] = ()  # (engine, seconds a hook call) probed
     host_from: str = "assumed"  # assumed | --host-us | probed (<cpu>, <device>)
 
     @property

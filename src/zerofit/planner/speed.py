@@ -200,16 +200,22 @@ def launches(m: ModelShape, w: Workload, s: Strategy) -> float:
     return L * block + forwards * forward + selective
 
 
-def host_rates(hw: Hardware | None, compiled: bool = False) -> tuple[float, float]:
-    """(seconds per kernel launch, seconds per engine hook call) on the host: the machine's
-    probed or given figures (`Hardware.host_launch_s`, `host_hook_s`; a compiled kernel's
-    launch `host_compiled_launch_s` where known), else the fitted constants."""
+def host_rates(
+    hw: Hardware | None, compiled: bool = False, engine: str | None = None
+) -> tuple[float, float]:
+    """(seconds per kernel launch, seconds per hook call of `engine`) on the host: the
+    machine's probed or given figures (`Hardware.host_launch_s`, or `host_compiled_launch_s`
+    for a compiled kernel where known; the engine's probed `host_hooks`, else `host_hook_s`),
+    else the fitted constants."""
     if hw is None:
         return LAUNCH_SECONDS, HOOK_SECONDS
     launch = LAUNCH_SECONDS if hw.host_launch_s is None else hw.host_launch_s
     if compiled and hw.host_compiled_launch_s is not None:
         launch = hw.host_compiled_launch_s
-    return launch, HOOK_SECONDS if hw.host_hook_s is None else hw.host_hook_s
+    hook = dict(hw.host_hooks).get(engine or "")
+    if hook is None:
+        hook = HOOK_SECONDS if hw.host_hook_s is None else hw.host_hook_s
+    return launch, hook
 
 
 def host_seconds(
@@ -217,7 +223,7 @@ def host_seconds(
 ) -> tuple[float, float]:
     """(host seconds a step that the GPU's work can hide, host seconds after backward that
     nothing hides): every micro-batch's launches and engine hooks; the step's engine hooks."""
-    launch, hook = host_rates(hw, s.compile)
+    launch, hook = host_rates(hw, s.compile, s.engine.name)
     calls = s.engine.host_calls(m, w, s.options)
     micro_batch = launches(m, w, s) * launch + calls.micro_batch * hook
     return micro_batch * w.grad_accum_steps, calls.step * hook

@@ -363,6 +363,13 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
     def host_calls(self, m: ModelShape, w: Workload, opts: DeepSpeedOptions) -> HostCalls:
         return host_calls(m, w, opts)  # costs.host_calls: ZeRO's Python hooks
 
+    def hook_for_probe(self, model: Any, blocks: Any) -> tuple[Callable[[Any], None], int] | None:
+        try:
+            from zerofit.backends.deepspeed.probe import zero3_for_probe  # optional: deepspeed
+        except ImportError:
+            return None
+        return zero3_for_probe(model)  # ZeRO-3 in bf16, and its calls a block
+
     def shard_share(self, opts: DeepSpeedOptions, world_size: int) -> float:
         return 1 / world_size if opts.stage == 3 else 1.0
 

@@ -24,6 +24,7 @@ PCIe runs at `Hardware.pcie_bw` (planner.gpus.HOST_LINK_BW for the card's genera
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +51,6 @@ FOREACH_CPU_ADAM_BW = 17e9
 
 class FSDP(Engine[FSDPOptions]):
     name = "fsdp"
-    probes_host_hooks = True
     options = FSDPOptions
     runtime_module = "zerofit.backends.fsdp.runtime"
     plan_keys = ("reshard_after_forward", "replicate_degree", "cpu_offload")
@@ -148,12 +148,12 @@ class FSDP(Engine[FSDPOptions]):
         hooks = 4 if opts.reshard_after_forward else 3
         return HostCalls(hooks * (m.n_layers + 1) * BLOCK_LAYERS)
 
-    def hook_for_probe(self, model: Any, blocks: Any) -> int:
+    def hook_for_probe(self, model: Any, blocks: Any) -> tuple[Callable[[Any], None], int]:
         """zerofit's full-shard sharding in bf16 (`sharding.shard_for_probe`): 4 hooks a unit."""
         from zerofit.backends.fsdp.sharding import shard_for_probe  # why: imports torch
 
         shard_for_probe(model, blocks)
-        return 4 * BLOCK_LAYERS
+        return lambda tokens: model(tokens).float().sum().backward(), 4 * BLOCK_LAYERS
 
     def shard_share(self, opts: FSDPOptions, world_size: int) -> float:
         return opts.replicate_degree / world_size
