@@ -54,6 +54,8 @@ from doc_checks_first_k import DOC as FK_DOC
 from doc_checks_first_k import FIRST_K, INDEX_FIRST_K
 from doc_checks_heldout_h100 import DOC as HELDOUT_H100_DOC
 from doc_checks_heldout_h100 import HELDOUT_H100
+from doc_checks_host_probe_h100 import DOC as HOST_PROBE_DOC
+from doc_checks_host_probe_h100 import HOST_PROBE_H100
 from doc_checks_nvme import DOC as NVME_DOC
 from doc_checks_nvme import NVME, README_NVME
 from doc_checks_qlora import DOC as QLORA_DOC
@@ -812,6 +814,9 @@ CHECKS.update({name: Check(DPO_H100_DOC, d, fn, key) for name, (d, fn, key) in D
 CHECKS.update({name: Check(NVME_DOC, d, fn, key) for name, (d, fn, key) in NVME.items()})
 CHECKS.update(
     {name: Check(HELDOUT_H100_DOC, d, fn, key) for name, (d, fn, key) in HELDOUT_H100.items()}
+)
+CHECKS.update(
+    {name: Check(HOST_PROBE_DOC, d, fn, key) for name, (d, fn, key) in HOST_PROBE_H100.items()}
 )
 
 
