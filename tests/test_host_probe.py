@@ -74,6 +74,26 @@ def test_the_probe_measures_host_time_added_to_each_unit(monkeypatch: pytest.Mon
     assert not torch.distributed.is_initialized()  # its fake process group is gone
 
 
+def test_an_engine_whose_probe_fails_keeps_the_fitted_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(host_probe, "WARMUP", 1)
+    monkeypatch.setattr(host_probe, "STEPS", 2)
+    monkeypatch.setattr(host_probe, "REPEATS", 1)
+
+    class Broken:
+        def hook_for_probe(self, model: torch.nn.Module, blocks: torch.nn.ModuleList) -> tuple:
+            raise RuntimeError("no such collective\nsecond line")
+
+    monkeypatch.setattr(
+        host_probe, "engines", lambda: {"broken": Broken(), "fsdp": engines()["fsdp"]}
+    )
+    found = host_probe.probe()
+    assert found.failed == {"broken": "RuntimeError: no such collective"}
+    assert "broken" not in found.hooks and "fsdp" in found.hooks
+    assert not torch.distributed.is_initialized()
+    hw = replace(H100, host_hooks=tuple(found.hooks.items()))
+    assert speed.host_rates(hw, engine="broken")[1] == speed.HOOK_SECONDS
+
+
 def test_each_engine_is_probed_for_its_own_hooks(tmp_path: Path) -> None:
     """ZeRO-3's hooks are timed under DeepSpeed itself (fake process group, CPU accelerator
     here), not charged at FSDP2's rate; a forecast charges each engine its own. In a process of

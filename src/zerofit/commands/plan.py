@@ -132,6 +132,11 @@ def _with_host(hw: Hardware, given: tuple[float, ...] | None, probing: bool) -> 
     from zerofit.planner import host_probe  # why: imports torch; only --host-probe needs it
 
     found = host_probe.probe()
+    for name, why in found.failed.items():
+        print(
+            f"note: --host-probe could not time {name}'s hooks ({why}): fitted rate kept",
+            file=sys.stderr,
+        )
     return replace(
         hw,
         host_launch_s=found.launch_s,

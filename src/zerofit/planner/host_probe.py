@@ -56,6 +56,7 @@ class HostSpeed:
     hooks: dict[str, float]  # engine name -> host seconds per hook call of that engine
     block_s: float  # one eager block's forward + backward, host seconds
     units: dict[str, float]  # engine name -> its hooks on one unit a micro-batch, host seconds
+    failed: dict[str, str]  # engine name -> why its hooks could not be timed (fitted rate kept)
     where: str  # "<cpu model>, <device>"
 
 
@@ -116,9 +117,10 @@ def _compiled(layers: int, device: torch.device) -> Step:
     return _plain(model)
 
 
-def _engine_units(device: torch.device, block: float) -> tuple[dict[str, float], dict[str, float]]:
+def _engine_units(device: torch.device, block: float, failed: dict[str, str]) -> tuple[dict, dict]:
     """(engine -> seconds per hook call, engine -> seconds its hooks add a unit), for every
-    engine with hooks to time (`Engine.hook_for_probe`), over a fake process group."""
+    engine with hooks to time (`Engine.hook_for_probe`), over a fake process group. An engine
+    whose probe fails is left out (its calls keep the fitted rate), the error in `failed`."""
     hooks, units = {}, {}
     for name, engine in engines().items():
         calls: list[int] = []
@@ -135,6 +137,9 @@ def _engine_units(device: torch.device, block: float) -> tuple[dict[str, float],
         try:
             units[name] = max(0.0, _per_block(hooked, device) - block)
         except _NoHooks:
+            continue
+        except Exception as e:  # noqa: BLE001 - a library's failure under a fake group: skip it
+            failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
             continue
         finally:
             dist.destroy_process_group()
@@ -156,7 +161,8 @@ def probe() -> HostSpeed:
         compiled = _per_block(lambda n: _compiled(n, device), device) / BLOCK_FUSED
     with warnings.catch_warnings():  # the engines' own, about collectives that do nothing here
         warnings.simplefilter("ignore")
-        hooks, units = _engine_units(device, block)
+        failed: dict[str, str] = {}
+        hooks, units = _engine_units(device, block, failed)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     return HostSpeed(
         launch_s=block / BLOCK_KERNELS,
@@ -164,5 +170,6 @@ def probe() -> HostSpeed:
         hooks=hooks,
         block_s=block,
         units=units,
+        failed=failed,
         where=f"{cpu_name()}, {name}",
     )
