@@ -67,7 +67,8 @@ def test_the_probe_measures_host_time_added_to_each_unit(monkeypatch: pytest.Mon
     monkeypatch.setattr(host_probe, "engines", lambda: {"fsdp": Slowed(), "ddp": engines()["ddp"]})
     found = host_probe.probe()
     assert list(found.units) == ["fsdp"]  # DDP has no Python hooks to time
-    assert 0.8 * DELAY < found.units["fsdp"] < 1.4 * DELAY, found
+    # loose above: a busy host stretches every sleep and hook (1.9x seen beside a suite run)
+    assert 0.8 * DELAY < found.units["fsdp"] < 3 * DELAY, found
     assert found.hooks["fsdp"] == pytest.approx(found.units["fsdp"] / (4 * BLOCK_LAYERS))
     assert found.launch_s == pytest.approx(found.block_s / speed.BLOCK_KERNELS)
     assert found.launch_s > 0 and "CPU" in found.where

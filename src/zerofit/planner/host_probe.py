@@ -26,7 +26,6 @@ ZeRO-3's rate per call), the CPU optimizer's speed.
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 import warnings
@@ -37,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from zerofit.backends import engines
+from zerofit.bench.report import host_cpu
 from zerofit.distributed.parallelize import apply_compile
 from zerofit.errors import UserError
 from zerofit.models import build_model
@@ -65,18 +65,6 @@ Step = Callable[[torch.Tensor], None]
 
 class _NoHooks(Exception):
     """An engine without Python hooks to time (`Engine.hook_for_probe` gave None)."""
-
-
-def cpu_name() -> str:
-    """The host CPU's model name (/proc/cpuinfo), else the platform's word for it."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _model(layers: int, device: torch.device) -> torch.nn.Module:
@@ -171,5 +159,5 @@ def probe() -> HostSpeed:
         block_s=block,
         units=units,
         failed=failed,
-        where=f"{cpu_name()}, {name}",
+        where=f"{host_cpu()}, {name}",
     )
