@@ -13,6 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from zerofit.planner.shape import with_host
+
 DOC = "docs/benchmarks/2026-12-06-host-probe-h100.md"
 FOLDER = "2026-12-06-host-probe-h100/"
 RESULTS = FOLDER + "all-results.json"
@@ -30,8 +32,8 @@ def _rows() -> tuple:
 
     runs = [r for r in pr.bench_runs(DATA / RESULTS) if isinstance(r, pr.Run)]
     assert len(runs) == 12 and all(r.hw.host_from.startswith("probed: ") for r in runs)
-    assumed = {"host_launch_s": None, "host_hook_s": None, "host_compiled_launch_s": None}
-    return tuple((pr.row(r), pr.row(replace(r, hw=replace(r.hw, **assumed)))) for r in runs)
+    fitted = [replace(r, hw=with_host(r.hw, None, None)) for r in runs]  # the constants
+    return tuple((pr.row(r), pr.row(f)) for r, f in zip(runs, fitted, strict=True))
 
 
 def runs_table() -> dict[str, list]:

@@ -40,7 +40,7 @@ from zerofit.models.shape import ModelShape, shape_from_config
 from zerofit.planner.gpus import gpu_named
 from zerofit.planner.memory import Strategy, strategy_for, workload_for
 from zerofit.planner.plan import candidates
-from zerofit.planner.shape import Hardware, with_gpu
+from zerofit.planner.shape import Hardware, with_gpu, with_host
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "benchmarks" / "data"
@@ -290,25 +290,23 @@ def probed_host(hw: Hardware, path: Path, base: Path) -> Hardware:
     device call, saved as PROBE_FILE beside the results or in a folder above them (under
     `base`); unchanged where none was saved."""
     for folder in [path.parent, *path.parent.parents]:
-        probe = folder / PROBE_FILE
-        if probe.is_file():
-            found = json.loads(probe.read_text())["hardware"]
-            us = {k: v for k, v in found.items() if k.startswith("host_") and k != "host_from"}
-            hooks = tuple((k, v * 1e-6) for k, v in (us.get("host_hooks_us") or {}).items())
-            secs = {
-                k: None if v is None else v * 1e-6 for k, v in us.items() if k != "host_hooks_us"
-            }
-            return replace(
-                hw,
-                host_launch_s=secs.get("host_launch_us"),
-                host_hook_s=secs.get("host_hook_us"),
-                host_compiled_launch_s=secs.get("host_compiled_launch_us"),
-                host_hooks=hooks,
-                host_from=found["host_from"],
-            )
+        if (folder / PROBE_FILE).is_file():
+            return _with_probe(hw, json.loads((folder / PROBE_FILE).read_text())["hardware"])
         if folder == base:
             break
     return hw
+
+
+def _with_probe(hw: Hardware, found: dict[str, Any]) -> Hardware:
+    """`hw` with a plan JSON's host rates (`plan_json.hardware_json`, in microseconds)."""
+
+    def seconds(key: str) -> float | None:
+        return None if found.get(key) is None else found[key] * 1e-6
+
+    hooks = tuple((k, v * 1e-6) for k, v in (found.get("host_hooks_us") or {}).items())
+    launch, hook = seconds("host_launch_us"), seconds("host_hook_us")
+    compiled = seconds("host_compiled_launch_us")
+    return with_host(hw, launch, hook, compiled, hooks, found["host_from"])
 
 
 def _command_of(name: str) -> dict[str, Any] | None:

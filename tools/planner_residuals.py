@@ -7,7 +7,7 @@
 Each run of the corpus (`planner_corpus`: `--measure-out` rows and `zerofit bench` results, on
 the card that ran them) is forecast with `zerofit.planner.speed.predict` and
 `zerofit.planner.memory.estimate`, with and without the host term (`speed.host_seconds`: the
-same forecast with LAUNCH_SECONDS and HOOK_SECONDS at 0, the roofline before the term), and
+same forecast with every host rate at 0, the roofline before the term), and
 printed with what it ran: engine, eager or compiled, activation checkpointing, tokens per
 micro-batch, accumulation, master dtype, offload, LoRA/QLoRA, sequence length, model size.
 
@@ -26,7 +26,7 @@ import statistics
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,6 +36,7 @@ from planner_corpus import GIB, Run, bench_runs, corpus, fixture_models  # noqa:
 from zerofit.backends.deepspeed import costs  # noqa: E402
 from zerofit.planner import speed  # noqa: E402
 from zerofit.planner.memory import estimate  # noqa: E402
+from zerofit.planner.shape import with_host  # noqa: E402
 
 FIT_SET = ("2026-12-04-planner-heldout/a-measured.json",)
 RECORDED = ("2026-12-03-planner-heldout/",)  # timed steps that recorded allocations
@@ -89,16 +90,8 @@ def step_time(r: Run) -> float:
 
 
 def row(r: Run) -> Row:
-    with constants(0.0, 0.0, 0):  # a probed host's rates too (`planner_corpus.probed_host`)
-        roofline = speed.predict(
-            r.m,
-            r.w,
-            r.s,
-            replace(
-                r.hw, host_launch_s=0.0, host_hook_s=0.0, host_compiled_launch_s=0.0, host_hooks=()
-            ),
-        )
-        roofline = roofline.step_time
+    instant = with_host(r.hw, 0.0, 0.0, 0.0)  # a host that issues work in no time: the roofline
+    roofline = speed.predict(r.m, r.w, r.s, instant).step_time
     today = speed.predict(r.m, r.w, r.s, r.hw)
     mem = estimate(r.m, r.w, r.s).peak_allocated / GIB
     return Row(r, roofline, today.step_time, today.host, mem)

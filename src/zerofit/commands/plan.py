@@ -26,7 +26,7 @@ from zerofit.planner.adapters import lighter_lines, lighter_ways
 from zerofit.planner.configured import as_configured, suggestions
 from zerofit.planner.plan import batch_splits, left_out, plan, recommend
 from zerofit.planner.plan_json import option_json, to_json
-from zerofit.planner.shape import Hardware, detect_hardware, host_ram, with_gpu
+from zerofit.planner.shape import Hardware, detect_hardware, host_ram, with_gpu, with_host
 from zerofit.report.quiet import data_output
 
 
@@ -120,13 +120,7 @@ def _with_host(hw: Hardware, given: tuple[float, ...] | None, probing: bool) -> 
     """The host's launch and hook rates: `--host-us`'s, or timed here (`--host-probe`)."""
     if given is not None:
         compiled = given[2] if len(given) > 2 else None
-        return replace(
-            hw,
-            host_launch_s=given[0],
-            host_hook_s=given[1],
-            host_compiled_launch_s=compiled,
-            host_from="--host-us",
-        )
+        return with_host(hw, given[0], given[1], compiled, source="--host-us")
     if not probing:
         return hw
     from zerofit.planner import host_probe  # why: imports torch; only --host-probe needs it
@@ -137,12 +131,9 @@ def _with_host(hw: Hardware, given: tuple[float, ...] | None, probing: bool) -> 
             f"note: --host-probe could not time {name}'s hooks ({why}): fitted rate kept",
             file=sys.stderr,
         )
-    return replace(
-        hw,
-        host_launch_s=found.launch_s,
-        host_hooks=tuple(found.hooks.items()),
-        host_compiled_launch_s=found.compiled_launch_s,
-        host_from=f"probed: {found.where}",
+    hooks = tuple(found.hooks.items())
+    return with_host(
+        hw, found.launch_s, None, found.compiled_launch_s, hooks, f"probed: {found.where}"
     )
 
 

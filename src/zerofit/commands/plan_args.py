@@ -114,8 +114,8 @@ def add_host_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--host-probe",
         action="store_true",
-        help="time kernel launches (eager and compiled) and FSDP2's hooks on this machine's "
-        "first GPU (under a minute) for the host's share of each step",
+        help="time kernel launches (eager and compiled) and each engine's hooks on this "
+        "machine's first GPU (under a minute) for the host's share of each step",
     )
 
 

@@ -16,7 +16,7 @@ both here, on the first GPU (else on the CPU, where an op's dispatch stands in f
   unit; DeepSpeed ZeRO-3 in bf16, when DeepSpeed is installed) over torch's fake process group of
   PROBE_WORLD ranks (its collectives return at once: the hooks' Python and copies are timed, not
   communication). A unit's extra host time, over the hook calls that engine's `host_calls` counts
-  a unit as, is that engine's hook call. DeepSpeed's cost about twice FSDP2's a unit on this
+  a unit as, is that engine's hook call. DeepSpeed's cost 1.7 times FSDP2's a unit on this
   project's CPU machine, so one rate for both misses one of them.
 Each pair of models (6 blocks and 2) is timed in turn, REPEATS times STEPS steps after WARMUP,
 and the median of the paired differences taken: a host that slows down for a while slows both.
@@ -105,11 +105,12 @@ def _compiled(layers: int, device: torch.device) -> Step:
     return _plain(model)
 
 
-def _engine_units(device: torch.device, block: float, failed: dict[str, str]) -> tuple[dict, dict]:
-    """(engine -> seconds per hook call, engine -> seconds its hooks add a unit), for every
-    engine with hooks to time (`Engine.hook_for_probe`), over a fake process group. An engine
-    whose probe fails is left out (its calls keep the fitted rate), the error in `failed`."""
-    hooks, units = {}, {}
+def _engine_units(device: torch.device, block: float) -> tuple[dict, dict, dict]:
+    """(engine -> seconds per hook call, engine -> seconds its hooks add a unit, engine -> why
+    its probe failed), for every engine with hooks to time (`Engine.hook_for_probe`), over a
+    fake process group. An engine whose probe fails is left out (its calls keep the fitted
+    rate)."""
+    hooks, units, failed = {}, {}, {}
     for name, engine in engines().items():
         calls: list[int] = []
 
@@ -132,7 +133,7 @@ def _engine_units(device: torch.device, block: float, failed: dict[str, str]) ->
         finally:
             dist.destroy_process_group()
         hooks[name] = units[name] / calls[0]
-    return hooks, units
+    return hooks, units, failed
 
 
 def probe() -> HostSpeed:
@@ -149,8 +150,7 @@ def probe() -> HostSpeed:
         compiled = _per_block(lambda n: _compiled(n, device), device) / BLOCK_FUSED
     with warnings.catch_warnings():  # the engines' own, about collectives that do nothing here
         warnings.simplefilter("ignore")
-        failed: dict[str, str] = {}
-        hooks, units = _engine_units(device, block, failed)
+        hooks, units, failed = _engine_units(device, block)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     return HostSpeed(
         launch_s=block / BLOCK_KERNELS,

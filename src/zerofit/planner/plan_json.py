@@ -100,26 +100,27 @@ def option_json(o: Option, w: Workload) -> dict[str, Any]:
 def hardware_json(hw: Hardware) -> dict[str, object]:
     """The machine planned for: its GPUs, host RAM, disk and host speed, and where each came
     from."""
-    gib = GIB
+
+    def us(seconds: float | None) -> float | None:
+        return None if seconds is None else seconds * 1e6
+
     return {
         "gpus_per_node": hw.gpus_per_node,
         "nodes": hw.nodes,
         "gpu": hw.name,
         "gpu_from": hw.gpu_from,
-        "gpu_mem_gib": hw.gpu_mem / gib,
+        "gpu_mem_gib": hw.gpu_mem / GIB,
         "gpu_mem_from": hw.gpu_mem_from,
         "peak_tflops": hw.peak_flops / 1e12,
         "mem_bw_gbs": hw.mem_bw / 1e9,
         "intra_bw_gbs": hw.intra_bw / 1e9,
         "pcie_bw_gbs": hw.pcie_bw / 1e9,
-        "cpu_mem_gib": None if hw.cpu_mem is None else hw.cpu_mem / gib,
+        "cpu_mem_gib": None if hw.cpu_mem is None else hw.cpu_mem / GIB,
         "cpu_mem_from": hw.cpu_mem_from,
         "nvme_tb": hw.nvme / 1e12,
-        "host_launch_us": None if hw.host_launch_s is None else hw.host_launch_s * 1e6,
-        "host_hook_us": None if hw.host_hook_s is None else hw.host_hook_s * 1e6,
+        "host_launch_us": us(hw.host_launch_s),
+        "host_hook_us": us(hw.host_hook_s),
         "host_hooks_us": {name: rate * 1e6 for name, rate in hw.host_hooks},
-        "host_compiled_launch_us": None
-        if hw.host_compiled_launch_s is None
-        else hw.host_compiled_launch_s * 1e6,
+        "host_compiled_launch_us": us(hw.host_compiled_launch_s),
         "host_from": hw.host_from,
     }

@@ -143,6 +143,26 @@ def detect_hardware() -> Hardware | None:
     return replace(hw, peak_flops=peak)
 
 
+def with_host(
+    hw: Hardware,
+    launch: float | None,
+    hook: float | None,
+    compiled: float | None = None,
+    hooks: tuple[tuple[str, float], ...] = (),
+    source: str = "assumed",
+) -> Hardware:
+    """`hw` with the host's rates, in seconds (`Hardware.host_launch_s` and the rest); None
+    (and no `hooks`) leaves speed's fitted constants in charge."""
+    return replace(
+        hw,
+        host_launch_s=launch,
+        host_hook_s=hook,
+        host_compiled_launch_s=compiled,
+        host_hooks=hooks,
+        host_from=source,
+    )
+
+
 def with_gpu(hw: Hardware, gpu: GPU, memory: bool = True) -> Hardware:
     """`hw` with a known card's peak and bandwidths (and its memory, unless `memory` is False)."""
     return replace(

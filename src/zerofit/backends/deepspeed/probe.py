@@ -15,16 +15,13 @@ from torch import nn
 from zerofit.backends.terms import BLOCK_LAYERS
 from zerofit.report import quiet
 
-# What DeepSpeed reads from a launcher's environment, as a rank of the process group in use
-RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
-
 
 @contextlib.contextmanager
 def _as_rank_zero() -> Iterator[None]:
     """The environment a launcher gives rank 0 of the process group in use, restored after."""
     world = str(torch.distributed.get_world_size())
     given = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world}
-    saved = {k: os.environ.get(k) for k in RANK_ENV}
+    saved = {k: os.environ.get(k) for k in given}
     os.environ.update(given)
     try:
         yield
