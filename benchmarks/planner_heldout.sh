@@ -73,6 +73,29 @@ run new2-zero2-short 60 --model.preset llama3-1b --model.seq_len 1024 \
   --variant "zero2 eager 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=2 parallel.compile=false"
 run new2-gradop-short 50 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 1024 \
   --variant "fsdp grad-op eager 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=fsdp parallel.fsdp.reshard_after_forward=false parallel.compile=false"
+# Seven more (2026-12-06, third call, after the probe timed each engine alone and sharded, and
+# the offloaded optimizer steps), none run before:
+#   new3-zero3-w1      ZeRO-3 eager, llama3-1b at 1 x 512 x 2: DeepSpeed's hooks for a rank alone
+#   new3-fsdp-29       FSDP2 eager, the 2.9B shape at 1 x 512: FSDP2's hooks on another shape
+#   new3-zero2-21      ZeRO-2 eager, the 2.1B shape at 1 x 512 x 2
+#   new3-ddp-compiled  DDP compiled, llama3-1b at 1 x 1024 x 2: compiled launches alone
+#   new3-zero3-cpu-bf16  ZeRO-3 + optimizer on the CPU, bf16 states, llama3-1b at 2 x 2048
+#   new3-zero3-cpu-21  ZeRO-3 + optimizer on the CPU, fp32 states, the 2.1B shape at 1 x 1024 x 2
+#   new3-fsdp-offload  FSDP2 CPU offload (fused CPU AdamW), llama3-1b at 2 x 2048
+run new3-zero3-w1 60 --model.preset llama3-1b --model.seq_len 512 \
+  --variant "zero3 eager 1x512 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.compile=false"
+run new3-fsdp-29 60 --model.preset llama3-1b --model.overrides "$s29" --model.seq_len 512 \
+  --variant "fsdp eager 1x512: train.micro_batch_size=1 train.grad_accum_steps=1 precision.master_dtype=bf16 parallel.backend=fsdp parallel.compile=false"
+run new3-zero2-21 60 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 512 \
+  --variant "zero2 eager 1x512 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=2 parallel.compile=false"
+run new3-ddp-compiled 75 --model.preset llama3-1b --model.seq_len 1024 \
+  --variant "ddp compiled 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=ddp parallel.compile=true"
+run new3-zero3-cpu-bf16 90 --model.preset llama3-1b --model.seq_len 2048 \
+  --variant "zero3 optim cpu bf16 eager 2x1: train.micro_batch_size=2 train.grad_accum_steps=1 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.deepspeed.offload_optimizer=cpu parallel.compile=false"
+run new3-zero3-cpu-21 100 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 1024 \
+  --variant "zero3 optim cpu eager 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=fp32 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.deepspeed.offload_optimizer=cpu parallel.compile=false"
+run new3-fsdp-offload 90 --model.preset llama3-1b --model.seq_len 2048 \
+  --variant "fsdp cpu offload eager 2x1: train.micro_batch_size=2 train.grad_accum_steps=1 precision.master_dtype=fp32 parallel.backend=fsdp parallel.fsdp.cpu_offload=true parallel.compile=false"
 run new-zero3-short 75 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 1024 \
   --variant "zero3 eager 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.compile=false"
 run zero1-bf16 75 --model.preset llama3-1b --model.seq_len 2048 \

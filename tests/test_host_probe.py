@@ -6,6 +6,7 @@ constants fitted on the H200 machine's host."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -15,16 +16,16 @@ import pytest
 import torch
 
 from zerofit.backends import engines
+from zerofit.backends.deepspeed.costs import ADAM_KEY, CPU_ADAM_BW
 from zerofit.backends.terms import BLOCK_LAYERS, Workload
 from zerofit.cli import main
 from zerofit.models.shape import shape_from_preset
-from zerofit.planner import host_probe, speed
+from zerofit.planner import host_probe, optimizer_probe, speed
 from zerofit.planner.memory import Strategy
 from zerofit.planner.shape import Hardware
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import planner_corpus  # noqa: E402
-from conftest import zerofit  # noqa: E402
 
 H100 = Hardware(gpus_per_node=1, gpu_mem=80 * 10**9, cpu_mem=125 * 2**30)
 DELAY = 0.05  # host seconds added to every FSDP2 unit's forward
@@ -48,13 +49,25 @@ def test_the_host_term_charges_the_machines_rates_when_given() -> None:
     assert speed.predict(m, w, s, slower).step_time > speed.predict(m, w, s, H100).step_time  # type: ignore[arg-type]
 
 
+def quick(monkeypatch: pytest.MonkeyPatch, steps: int, repeats: int) -> None:
+    """The probe with fewer steps, and its optimizers over fewer parameters."""
+    monkeypatch.setattr(host_probe, "WARMUP", 1)
+    monkeypatch.setattr(host_probe, "CPU_STEPS", steps)
+    monkeypatch.setattr(host_probe, "CPU_REPEATS", repeats)
+    monkeypatch.setattr(optimizer_probe, "NUMEL", 1 << 16)
+    monkeypatch.setattr(optimizer_probe, "STEPS", 2)
+
+
+def with_engines(monkeypatch: pytest.MonkeyPatch, found: dict[str, object]) -> None:
+    monkeypatch.setattr(host_probe, "engines", lambda: found)
+    monkeypatch.setattr(optimizer_probe, "engines", lambda: found)
+
+
 def test_the_probe_measures_host_time_added_to_each_unit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every FSDP2 unit made DELAY slower on the host (a forward pre-hook that sleeps): the
     probe's unit time rises by about DELAY, and its hook rate is that over the calls a unit
     counts as. Sleep cannot be shorter than asked, so the lower bound holds on a busy host."""
-    monkeypatch.setattr(host_probe, "WARMUP", 1)
-    monkeypatch.setattr(host_probe, "STEPS", 3)
-    monkeypatch.setattr(host_probe, "REPEATS", 3)
+    quick(monkeypatch, 3, 3)
     fsdp = engines()["fsdp"]
 
     class Slowed:
@@ -64,52 +77,144 @@ def test_the_probe_measures_host_time_added_to_each_unit(monkeypatch: pytest.Mon
                 block.register_forward_pre_hook(lambda *_: time.sleep(DELAY))
             return step, calls
 
-    monkeypatch.setattr(host_probe, "engines", lambda: {"fsdp": Slowed(), "ddp": engines()["ddp"]})
+        def host_optimizers_for_probe(self) -> dict:
+            return fsdp.host_optimizers_for_probe()
+
+    with_engines(monkeypatch, {"fsdp": Slowed(), "ddp": engines()["ddp"]})
     found = host_probe.probe()
-    assert list(found.units) == ["fsdp"]  # DDP has no Python hooks to time
-    # loose above: a busy host stretches every sleep and hook (1.9x seen beside a suite run)
-    assert 0.8 * DELAY < found.units["fsdp"] < 3 * DELAY, found
-    assert found.hooks["fsdp"] == pytest.approx(found.units["fsdp"] / (4 * BLOCK_LAYERS))
+    assert list(found.units) == ["fsdp@1", "fsdp"]  # alone, sharded; DDP has no hooks to time
+    for key in found.units:  # loose above: a busy host stretches every sleep and hook (1.9x seen)
+        assert 0.8 * DELAY < found.units[key] < 3 * DELAY, found
+        assert found.hooks[key] == pytest.approx(found.units[key] / (4 * BLOCK_LAYERS))
     assert found.launch_s == pytest.approx(found.block_s / speed.BLOCK_KERNELS)
     assert found.launch_s > 0 and "CPU" in found.where
+    assert set(found.adam_bw) == {"fsdp fused", "fsdp foreach"}
     assert not torch.distributed.is_initialized()  # its fake process group is gone
 
 
 def test_an_engine_whose_probe_fails_keeps_the_fitted_rate(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(host_probe, "WARMUP", 1)
-    monkeypatch.setattr(host_probe, "STEPS", 2)
-    monkeypatch.setattr(host_probe, "REPEATS", 1)
+    quick(monkeypatch, 2, 1)
 
     class Broken:
         def hook_for_probe(self, model: torch.nn.Module, blocks: torch.nn.ModuleList) -> tuple:
             raise RuntimeError("no such collective\nsecond line")
 
-    monkeypatch.setattr(
-        host_probe, "engines", lambda: {"broken": Broken(), "fsdp": engines()["fsdp"]}
-    )
+        def host_optimizers_for_probe(self) -> dict:
+            return {}
+
+    with_engines(monkeypatch, {"broken": Broken(), "fsdp": engines()["fsdp"]})
     found = host_probe.probe()
-    assert found.failed == {"broken": "RuntimeError: no such collective"}
+    why = "RuntimeError: no such collective"
+    assert found.failed == {"broken@1's hooks": why, "broken's hooks": why}
     assert "broken" not in found.hooks and "fsdp" in found.hooks
     assert not torch.distributed.is_initialized()
     hw = replace(H100, host_hooks=tuple(found.hooks.items()))
     assert speed.host_rates(hw, engine="broken")[1] == speed.HOOK_SECONDS
 
 
-def test_each_engine_is_probed_for_its_own_hooks(tmp_path: Path) -> None:
-    """ZeRO-3's hooks are timed under DeepSpeed itself (fake process group, CPU accelerator
-    here), not charged at FSDP2's rate; a forecast charges each engine its own. In a process of
-    its own: DeepSpeed patches torch for the rest of the process it initializes in."""
+PROBE_IN_A_PROCESS = """
+import sys
+from zerofit.cli import main
+from zerofit.planner import host_probe, optimizer_probe
+host_probe.WARMUP, host_probe.CPU_STEPS, host_probe.CPU_REPEATS = 1, 2, 3
+optimizer_probe.NUMEL, optimizer_probe.STEPS = 1 << 22, 2
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_each_engine_is_probed_for_its_own_hooks_and_optimizer_step(tmp_path: Path) -> None:
+    """ZeRO-3's hooks and its offloaded step are timed under DeepSpeed itself (fake process
+    group, CPU accelerator here), alone and sharded, not charged at FSDP2's rate; a forecast
+    charges each engine its own. In a process of its own (fewer steps): DeepSpeed patches
+    torch for the rest of the process it initializes in."""
     args = ["plan", "--preset", "llama3-1b", "--gpus", "1", "--gpu", "H100", "--json"]
-    out = zerofit(*args, "--host-probe", cwd=tmp_path)
+    command = [sys.executable, "-c", PROBE_IN_A_PROCESS, *args, "--host-probe"]
+    out = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     found = json.loads(out.stdout)["hardware"]
-    assert set(found["host_hooks_us"]) == {"fsdp", "deepspeed"}
+    assert set(found["host_hooks_us"]) == {"fsdp", "fsdp@1", "deepspeed", "deepspeed@1"}
     assert all(rate > 0 for rate in found["host_hooks_us"].values())
+    assert set(found["host_adam_gb_per_s"]) == {"fsdp fused", "fsdp foreach", ADAM_KEY}
+    assert all(rate > 0 for rate in found["host_adam_gb_per_s"].values())
     assert found["host_from"].startswith("probed: ") and found["host_launch_us"] > 0
-    hooks = tuple((k, v * 1e-6) for k, v in found["host_hooks_us"].items())
-    hw = replace(H100, host_launch_s=found["host_launch_us"] * 1e-6, host_hooks=hooks)
-    assert speed.host_rates(hw, engine="deepspeed")[1] == dict(hooks)["deepspeed"]
-    assert speed.host_rates(hw, engine="fsdp")[1] == dict(hooks)["fsdp"]
+    hw = planner_corpus._with_probe(H100, found)
+    for name in ("fsdp", "deepspeed"):
+        sharded = speed.host_rates(hw, engine=name)[1] * 1e6
+        assert sharded == pytest.approx(found["host_hooks_us"][name])
+        alone = speed.host_rates(hw, engine=name, world=1)[1] * 1e6
+        assert alone == pytest.approx(found["host_hooks_us"][f"{name}@1"])
+    assert hw.adam_bw(ADAM_KEY, 0.0) == pytest.approx(found["host_adam_gb_per_s"][ADAM_KEY] * 1e9)
+
+
+def test_the_optimizer_probe_measures_a_known_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host optimizer whose step takes DELAY (it sleeps): its rate is about ADAM_BYTES a
+    parameter over DELAY (sleep cannot be shorter than asked: the upper bound holds on a busy
+    host; loose below). One that fails keeps the fitted rate, named with why."""
+    numel = 1000
+
+    def sleeping(n: int, device: torch.device) -> tuple:
+        def step() -> float:
+            start = time.perf_counter()
+            time.sleep(DELAY)
+            return time.perf_counter() - start
+
+        return step, n
+
+    def broken(n: int, device: torch.device) -> tuple:
+        raise RuntimeError("op cannot build\nmore")
+
+    class Offloads:
+        def host_optimizers_for_probe(self) -> dict:
+            return {"slow adam": sleeping, "broken adam": broken}
+
+    monkeypatch.setattr(optimizer_probe, "engines", lambda: {"x": Offloads()})
+    rates, failed = optimizer_probe.optimizer_rates(torch.device("cpu"), numel)
+    exact = optimizer_probe.ADAM_BYTES * numel / DELAY
+    assert exact / 3 < rates["slow adam"] <= exact
+    assert failed == {"broken adam's step": "RuntimeError: op cannot build"}
+    assert not torch.distributed.is_initialized()
+
+
+def offloaded(engine: str) -> tuple[object, ...]:
+    m = shape_from_preset("llama3-1b")
+    w = Workload(2, 2048, 1, master_dtype="fp32")
+    if engine == "fsdp":
+        return m, w, Strategy.of("fsdp", compile=False, cpu_offload=True)
+    return m, w, Strategy.of("deepspeed", stage=3, offload_optimizer="cpu", compile=False)
+
+
+def test_offloaded_steps_charge_the_probed_optimizer_rate() -> None:
+    """FSDP2's CPU AdamW and DeepSpeed's offloaded step at the probed bytes/s: twice the rate,
+    the Adam part of the step halves. DeepSpeed's probe timed its whole step (copies included),
+    so its copies are not charged again."""
+    for engine, key in (("fsdp", "fsdp fused"), ("deepspeed", ADAM_KEY)):
+        m, w, s = offloaded(engine)
+        steps = []
+        for rate in (20e9, 40e9):
+            hw = replace(H100, host_adam=((key, rate),))
+            steps.append(s.engine.offload_seconds(m, w, s.options, hw).step)  # type: ignore[attr-defined]
+        adam = w.trained(m.num_params) * 7 * w.e_m  # type: ignore[attr-defined]
+        assert steps[0] - steps[1] == pytest.approx(adam / 40e9)
+        assert steps[0] > steps[1]
+    m, w, s = offloaded("deepspeed")
+    probed = replace(H100, host_adam=((ADAM_KEY, 40e9),))
+    adam = w.trained(m.num_params) * 7 * w.e_m / 40e9  # type: ignore[attr-defined]
+    assert s.engine.offload_seconds(m, w, s.options, probed).step == pytest.approx(adam)  # type: ignore[attr-defined]
+    fitted = s.engine.offload_seconds(m, w, s.options, H100).step  # type: ignore[attr-defined]
+    assert fitted > w.trained(m.num_params) * 7 * w.e_m / CPU_ADAM_BW  # + its copies  # type: ignore[attr-defined]
+
+
+def test_a_rank_alone_is_charged_its_own_hook_rate() -> None:
+    """Probed at one rank and at two: a run of one GPU is charged the first, of several the
+    second; a probe saved before the one-rank rate existed charges its one rate to both."""
+    m, w, s = fsdp_eager_short()
+    both = replace(H100, host_hooks=(("fsdp@1", 10e-6), ("fsdp", 30e-6)))
+    assert speed.host_rates(both, engine="fsdp", world=1)[1] == 10e-6
+    assert speed.host_rates(both, engine="fsdp", world=4)[1] == 30e-6
+    older = replace(H100, host_hooks=(("fsdp", 30e-6),))
+    assert speed.host_rates(older, engine="fsdp", world=1)[1] == 30e-6
+    alone = speed.host_seconds(m, w, s, both)[0]  # type: ignore[arg-type]
+    assert alone < speed.host_seconds(m, w, s, older)[0]  # type: ignore[arg-type]
 
 
 def plan(capsys: pytest.CaptureFixture[str], *flags: str) -> str:

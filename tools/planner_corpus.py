@@ -306,7 +306,8 @@ def _with_probe(hw: Hardware, found: dict[str, Any]) -> Hardware:
     hooks = tuple((k, v * 1e-6) for k, v in (found.get("host_hooks_us") or {}).items())
     launch, hook = seconds("host_launch_us"), seconds("host_hook_us")
     compiled = seconds("host_compiled_launch_us")
-    return with_host(hw, launch, hook, compiled, hooks, found["host_from"])
+    adam = tuple((k, v * 1e9) for k, v in (found.get("host_adam_gb_per_s") or {}).items())
+    return with_host(hw, launch, hook, compiled, hooks, found["host_from"], adam)
 
 
 def _command_of(name: str) -> dict[str, Any] | None:

@@ -185,6 +185,14 @@ class Engine(Generic[OptionsT]):
         its library is missing)."""
         return None
 
+    def host_optimizers_for_probe(self) -> dict[str, Callable[..., Any]]:
+        """The offloaded optimizer steps an offloading run of this engine takes on the host, each
+        under the key its `offload_seconds` reads the rate of (`Hardware.adam_bw`), for
+        `zerofit.planner.optimizer_probe` to time: each makes, from a parameter count and the
+        device, (a step that returns its seconds, the parameters it steps). Empty where nothing
+        offloads (or a library is missing)."""
+        return {}
+
     # ------------------------------------------------------------------ doctor
 
     def shard_share(self, opts: OptionsT, world_size: int) -> float:

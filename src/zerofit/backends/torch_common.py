@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -30,6 +32,27 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+
+
+def adamw_for_probe(fused: bool) -> Callable[[int, torch.device], tuple[Callable[[], float], int]]:
+    """torch's AdamW on the CPU as FSDP2's CPU offload steps it (fused or foreach), for the host
+    probe (`planner.optimizer_probe`): from a parameter count, (a step that returns its seconds,
+    the parameters it steps), over four fp32 tensors with gradients."""
+
+    def make(numel: int, device: torch.device) -> tuple[Callable[[], float], int]:
+        params = [torch.zeros(numel // 4, requires_grad=True) for _ in range(4)]
+        for param in params:
+            param.grad = torch.full_like(param, 1e-3)
+        optimizer = torch.optim.AdamW(params, lr=1e-4, fused=fused, foreach=not fused)
+
+        def step() -> float:
+            start = time.perf_counter()
+            optimizer.step()
+            return time.perf_counter() - start
+
+        return step, 4 * (numel // 4)
+
+    return make
 
 
 def cast_frozen_(model: nn.Module, dtype: torch.dtype) -> None:

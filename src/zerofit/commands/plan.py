@@ -128,13 +128,11 @@ def _with_host(hw: Hardware, given: tuple[float, ...] | None, probing: bool) -> 
     found = host_probe.probe()
     for name, why in found.failed.items():
         print(
-            f"note: --host-probe could not time {name}'s hooks ({why}): fitted rate kept",
-            file=sys.stderr,
+            f"note: --host-probe could not time {name} ({why}): fitted rate kept", file=sys.stderr
         )
-    hooks = tuple(found.hooks.items())
-    return with_host(
-        hw, found.launch_s, None, found.compiled_launch_s, hooks, f"probed: {found.where}"
-    )
+    hooks, adam = tuple(found.hooks.items()), tuple(found.adam_bw.items())
+    where = f"probed: {found.where}"
+    return with_host(hw, found.launch_s, None, found.compiled_launch_s, hooks, where, adam)
 
 
 def objective_lines(base: Config, w: Workload, m: ModelShape | None = None) -> list[str]:

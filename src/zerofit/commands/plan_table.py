@@ -135,7 +135,9 @@ def host_words(hw: Hardware) -> str:
         hooks = [f"{rate * 1e6:.1f} us {name}" for name, rate in hw.host_hooks]
         if hw.host_hook_s is not None:
             hooks.append(f"{hw.host_hook_s * 1e6:.1f} us")
-        words += f", a hook call {', '.join(hooks) or 'as fitted'} ({hw.host_from})"
+        words += f", a hook call {', '.join(hooks) or 'as fitted'}"
+        adam = [f"{name} {rate / 1e9:.0f} GB/s" for name, rate in hw.host_adam]
+        words += (f", {', '.join(adam)}" if adam else "") + f" ({hw.host_from})"
     return words
 
 

@@ -13,15 +13,20 @@ both here, on the first GPU (else on the CPU, where an op's dispatch stands in f
   `speed.BLOCK_FUSED` (Triton's launcher is Python: its cost is not an eager op's).
 - **hooks**: the same models under each engine that has Python hooks to time
   (`Engine.hook_for_probe`: FSDP2 as a bf16 full-shard run shards it, every block and the root a
-  unit; DeepSpeed ZeRO-3 in bf16, when DeepSpeed is installed) over torch's fake process group of
-  PROBE_WORLD ranks (its collectives return at once: the hooks' Python and copies are timed, not
-  communication). A unit's extra host time, over the hook calls that engine's `host_calls` counts
-  a unit as, is that engine's hook call. DeepSpeed's cost 1.7 times FSDP2's a unit on this
-  project's CPU machine, so one rate for both misses one of them.
-Each pair of models (6 blocks and 2) is timed in turn, REPEATS times STEPS steps after WARMUP,
-and the median of the paired differences taken: a host that slows down for a while slows both.
+  unit; DeepSpeed ZeRO-3 in bf16, when DeepSpeed is installed) over torch's fake process group
+  (its collectives return at once: the hooks' Python and copies are timed, not communication),
+  of each of PROBE_WORLDS ranks: a rank alone runs other paths (DeepSpeed gathers nothing, its
+  parameters are views) and cost half as much on this project's CPU machine. A unit's extra
+  host time, over the hook calls that engine's `host_calls` counts a unit as, is that engine's
+  hook call. DeepSpeed's cost 1.7 times FSDP2's a unit on this project's CPU machine, so one
+  rate for both misses one of them.
+- **host optimizers** (`planner.optimizer_probe`): each engine's offloaded optimizer step.
+Every model of a measurement (the 6-block and 2-block ones, plain and hooked) is timed in turn,
+REPEATS times STEPS steps after WARMUP (on a CPU, CPU_REPEATS times CPU_STEPS); the hooks' cost is each repeat's hooked block less its
+plain one, and the median over the repeats is taken: a host that slows down for a while slows
+all of one repeat alike.
 Not probed: compiled launches on a CPU (charged at the eager rate), ZeRO-1/2's hooks (charged at
-ZeRO-3's rate per call), the CPU optimizer's speed.
+ZeRO-3's rate per call).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -40,11 +46,13 @@ from zerofit.bench.report import host_cpu
 from zerofit.distributed.parallelize import apply_compile
 from zerofit.errors import UserError
 from zerofit.models import build_model
-from zerofit.planner.speed import BLOCK_FUSED, BLOCK_KERNELS
+from zerofit.planner.optimizer_probe import optimizer_rates, why
+from zerofit.planner.speed import BLOCK_FUSED, BLOCK_KERNELS, hook_key
 
-PROBE_WORLD = 2
+PROBE_WORLDS = (1, 2)  # a rank alone (DeepSpeed then gathers nothing) and ranks that shard
 LAYERS = (2, 6)
 WARMUP, STEPS, REPEATS = 3, 10, 7
+CPU_STEPS, CPU_REPEATS = 3, 5  # on a CPU a step takes ~30x as long: fewer of them
 SHAPE = {"dim": 256, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 512, "vocab_size": 512}
 TOKENS = 64
 
@@ -56,7 +64,8 @@ class HostSpeed:
     hooks: dict[str, float]  # engine name -> host seconds per hook call of that engine
     block_s: float  # one eager block's forward + backward, host seconds
     units: dict[str, float]  # engine name -> its hooks on one unit a micro-batch, host seconds
-    failed: dict[str, str]  # engine name -> why its hooks could not be timed (fitted rate kept)
+    adam_bw: dict[str, float]  # host optimizer -> bytes/s (`Hardware.adam_bw`'s keys)
+    failed: dict[str, str]  # what could not be timed -> why (its fitted rate kept)
     where: str  # "<cpu model>, <device>"
 
 
@@ -77,12 +86,13 @@ def _plain(model: torch.nn.Module) -> Step:
     return lambda tokens: model(tokens).float().sum().backward()
 
 
-def _per_block(make: Callable[[int], Step], device: torch.device) -> float:
-    """One block's host seconds in a forward + backward: the two models of LAYERS timed in
-    turn, REPEATS times STEPS steps after WARMUP, the median of the paired differences (a host
-    that slows down for a while slows both of a pair)."""
+def _gaps(makes: list[Callable[[int], Step]], device: torch.device) -> list[list[float]]:
+    """Per repeat, per maker: one block's host seconds in a forward + backward of its models
+    (the model of LAYERS[1] blocks less the one of LAYERS[0], over their difference). Every
+    model is timed in turn, REPEATS times STEPS steps after WARMUP (on a CPU CPU_REPEATS times
+    CPU_STEPS), so that a host that slows down for a while slows all of one repeat alike."""
     tokens = torch.randint(0, SHAPE["vocab_size"], (1, TOKENS), device=device)
-    steps = [make(n) for n in LAYERS]
+    pairs = [[make(n) for n in LAYERS] for make in makes]
 
     def seconds(step: Step, n: int) -> float:
         start = time.perf_counter()
@@ -92,10 +102,20 @@ def _per_block(make: Callable[[int], Step], device: torch.device) -> float:
             torch.cuda.synchronize(device)
         return (time.perf_counter() - start) / max(1, n)
 
-    for step in steps:
-        seconds(step, WARMUP)
-    gaps = [seconds(steps[1], STEPS) - seconds(steps[0], STEPS) for _ in range(REPEATS)]
-    return max(0.0, statistics.median(gaps) / (LAYERS[1] - LAYERS[0]))
+    for pair in pairs:
+        for step in pair:
+            seconds(step, WARMUP)
+    blocks = LAYERS[1] - LAYERS[0]
+    steps, repeats = (STEPS, REPEATS) if device.type == "cuda" else (CPU_STEPS, CPU_REPEATS)
+    return [
+        [(seconds(big, steps) - seconds(small, steps)) / blocks for small, big in pairs]
+        for _ in range(repeats)
+    ]
+
+
+def _per_block(make: Callable[[int], Step], device: torch.device) -> float:
+    """One block's host seconds in a forward + backward: the median over the repeats."""
+    return max(0.0, statistics.median(gap for (gap,) in _gaps([make], device)))
 
 
 def _compiled(layers: int, device: torch.device) -> Step:
@@ -105,34 +125,46 @@ def _compiled(layers: int, device: torch.device) -> Step:
     return _plain(model)
 
 
-def _engine_units(device: torch.device, block: float) -> tuple[dict, dict, dict]:
-    """(engine -> seconds per hook call, engine -> seconds its hooks add a unit, engine -> why
-    its probe failed), for every engine with hooks to time (`Engine.hook_for_probe`), over a
-    fake process group. An engine whose probe fails is left out (its calls keep the fitted
-    rate)."""
+def _hooks_at(engine: Any, world: int, device: torch.device) -> tuple[float, int]:
+    """(the host seconds `engine`'s hooks add to a unit a micro-batch, the hook calls a unit
+    counts as) over a fake process group of `world` ranks: each repeat's hooked block less
+    its plain one, the median (_NoHooks where the engine has no Python hooks)."""
+    calls: list[int] = []
+
+    def hooked(layers: int) -> Step:
+        model = _model(layers, device)
+        found = engine.hook_for_probe(model, model.layers)
+        if found is None:
+            raise _NoHooks
+        calls.append(found[1])
+        return found[0]
+
+    plain = lambda n: _plain(_model(n, device).to(torch.bfloat16))  # noqa: E731
+    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=world)
+    try:
+        gaps = _gaps([plain, hooked], device)
+    finally:
+        dist.destroy_process_group()
+    return max(0.0, statistics.median(mine - alone for alone, mine in gaps)), calls[0]
+
+
+def _engine_units(device: torch.device) -> tuple[dict, dict, dict]:
+    """(key -> seconds per hook call, key -> seconds its hooks add a unit, what failed -> why)
+    for every engine with hooks to time (`Engine.hook_for_probe`), at each of PROBE_WORLDS:
+    the key is the engine's name for ranks that shard (`hook_key`), "<name>@1" for a rank
+    alone. An engine whose probe fails is left out (its calls keep the fitted rate)."""
     hooks, units, failed = {}, {}, {}
     for name, engine in engines().items():
-        calls: list[int] = []
-
-        def hooked(layers: int, engine=engine, calls=calls) -> Step:  # noqa: ANN001
-            model = _model(layers, device)
-            found = engine.hook_for_probe(model, model.layers)
-            if found is None:
-                raise _NoHooks
-            calls.append(found[1])
-            return found[0]
-
-        dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=PROBE_WORLD)
-        try:
-            units[name] = max(0.0, _per_block(hooked, device) - block)
-        except _NoHooks:
-            continue
-        except Exception as e:  # noqa: BLE001 - a library's failure under a fake group: skip it
-            failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
-            continue
-        finally:
-            dist.destroy_process_group()
-        hooks[name] = units[name] / calls[0]
+        for world in PROBE_WORLDS:
+            key = hook_key(name, world)
+            try:
+                units[key], calls = _hooks_at(engine, world, device)
+            except _NoHooks:
+                break
+            except Exception as e:  # noqa: BLE001 - a library's failure under a fake group: skip it
+                failed[f"{key}'s hooks"] = why(e)
+                continue
+            hooks[key] = units[key] / calls
     return hooks, units, failed
 
 
@@ -150,7 +182,8 @@ def probe() -> HostSpeed:
         compiled = _per_block(lambda n: _compiled(n, device), device) / BLOCK_FUSED
     with warnings.catch_warnings():  # the engines' own, about collectives that do nothing here
         warnings.simplefilter("ignore")
-        hooks, units, failed = _engine_units(device, block)
+        hooks, units, failed = _engine_units(device)
+        adam, adam_failed = optimizer_rates(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     return HostSpeed(
         launch_s=block / BLOCK_KERNELS,
@@ -158,6 +191,7 @@ def probe() -> HostSpeed:
         hooks=hooks,
         block_s=block,
         units=units,
-        failed=failed,
+        adam_bw=adam,
+        failed={**failed, **adam_failed},
         where=f"{host_cpu()}, {name}",
     )

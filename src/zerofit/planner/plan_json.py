@@ -123,4 +123,5 @@ def hardware_json(hw: Hardware) -> dict[str, object]:
         "host_hooks_us": {name: rate * 1e6 for name, rate in hw.host_hooks},
         "host_compiled_launch_us": us(hw.host_compiled_launch_s),
         "host_from": hw.host_from,
+        "host_adam_gb_per_s": {name: rate / 1e9 for name, rate in hw.host_adam},
     }

@@ -84,10 +84,16 @@ class Hardware:
     host_compiled_launch_s: float | None = None  # a compiled kernel's (None: host_launch_s)
     host_hooks: tuple[tuple[str, float], ...] = ()  # (engine, seconds a hook call) probed
     host_from: str = "assumed"  # assumed | --host-us | probed (<cpu>, <device>)
+    # (host optimizer, bytes/s per node it streams) probed: `Engine.host_optimizers_for_probe`
+    host_adam: tuple[tuple[str, float], ...] = ()
 
     @property
     def world_size(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    def adam_bw(self, key: str, fitted: float) -> float:
+        """The host optimizer `key`'s bytes/s per node: probed on this host, else `fitted`."""
+        return dict(self.host_adam).get(key, fitted)
 
 
 def host_ram() -> int | None:
@@ -150,9 +156,11 @@ def with_host(
     compiled: float | None = None,
     hooks: tuple[tuple[str, float], ...] = (),
     source: str = "assumed",
+    adam: tuple[tuple[str, float], ...] = (),
 ) -> Hardware:
-    """`hw` with the host's rates, in seconds (`Hardware.host_launch_s` and the rest); None
-    (and no `hooks`) leaves speed's fitted constants in charge."""
+    """`hw` with the host's rates, in seconds (`Hardware.host_launch_s` and the rest) and its
+    host optimizers' bytes/s (`adam`); None (and no `hooks`, no `adam`) leaves the fitted
+    constants in charge."""
     return replace(
         hw,
         host_launch_s=launch,
@@ -160,6 +168,7 @@ def with_host(
         host_compiled_launch_s=compiled,
         host_hooks=hooks,
         host_from=source,
+        host_adam=adam,
     )
 
 

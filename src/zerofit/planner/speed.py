@@ -200,19 +200,27 @@ def launches(m: ModelShape, w: Workload, s: Strategy) -> float:
     return L * block + forwards * forward + selective
 
 
+def hook_key(engine: str, world: int) -> str:
+    """`Hardware.host_hooks`'s key for `engine`'s hooks at `world` ranks: the engine's name
+    where ranks shard, "<name>@1" for a rank alone (a probe's other path)."""
+    return f"{engine}@1" if world == 1 else engine
+
+
 def host_rates(
-    hw: Hardware | None, compiled: bool = False, engine: str | None = None
+    hw: Hardware | None, compiled: bool = False, engine: str | None = None, world: int = 2
 ) -> tuple[float, float]:
-    """(seconds per kernel launch, seconds per hook call of `engine`) on the host: the
-    machine's probed or given figures (`Hardware.host_launch_s`, or `host_compiled_launch_s`
-    for a compiled kernel where known; the engine's probed `host_hooks`, else `host_hook_s`),
-    else the fitted constants."""
+    """(seconds per kernel launch, seconds per hook call of `engine` at `world` ranks) on the
+    host: the machine's probed or given figures (`Hardware.host_launch_s`, or
+    `host_compiled_launch_s` for a compiled kernel where known; the engine's probed
+    `host_hooks` at that world size, or where ranks shard, else `host_hook_s`), else the
+    fitted constants."""
     if hw is None:
         return LAUNCH_SECONDS, HOOK_SECONDS
     launch = LAUNCH_SECONDS if hw.host_launch_s is None else hw.host_launch_s
     if compiled and hw.host_compiled_launch_s is not None:
         launch = hw.host_compiled_launch_s
-    hook = dict(hw.host_hooks).get(engine or "")
+    probed = dict(hw.host_hooks)
+    hook = probed.get(hook_key(engine or "", world), probed.get(engine or ""))
     if hook is None:
         hook = HOOK_SECONDS if hw.host_hook_s is None else hw.host_hook_s
     return launch, hook
@@ -223,7 +231,7 @@ def host_seconds(
 ) -> tuple[float, float]:
     """(host seconds a step that the GPU's work can hide, host seconds after backward that
     nothing hides): every micro-batch's launches and engine hooks; the step's engine hooks."""
-    launch, hook = host_rates(hw, s.compile, s.engine.name)
+    launch, hook = host_rates(hw, s.compile, s.engine.name, w.world_size)
     calls = s.engine.host_calls(m, w, s.options)
     micro_batch = launches(m, w, s) * launch + calls.micro_batch * hook
     return micro_batch * w.grad_accum_steps, calls.step * hook

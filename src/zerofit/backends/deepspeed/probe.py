@@ -1,18 +1,22 @@
-"""DeepSpeed ZeRO-3's hooks for the host probe (`zerofit.planner.host_probe`): a model handed to
-`deepspeed.initialize` over the process group in use (the probe's fake one), so that a forward +
-backward runs ZeRO-3's Python fetch, release and gradient hooks as a bf16 run does."""
+"""DeepSpeed for the host probe (`zerofit.planner.host_probe`): ZeRO-3's hooks (a model handed to
+`deepspeed.initialize` over the process group in use, the probe's fake one, so that a forward +
+backward runs ZeRO-3's Python fetch, release and gradient hooks as a bf16 run does), and the CPU
+Adam that optimizer offload steps."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import deepspeed
 import torch
 from torch import nn
 
 from zerofit.backends.terms import BLOCK_LAYERS
+from zerofit.models import build_model
 from zerofit.report import quiet
 
 
@@ -33,6 +37,17 @@ def _as_rank_zero() -> Iterator[None]:
                 os.environ[key] = value
 
 
+def _initialize(model: nn.Module, config: dict) -> Any:
+    """`deepspeed.initialize` as rank zero of the process group in use. The probe makes one
+    fake group per measurement: the groups DeepSpeed cached from an earlier one are dropped
+    first (its own teardown, `deepspeed.comm.destroy_process_group`, does the same)."""
+    release = getattr(deepspeed.utils.groups, "_release_process_group_references", None)
+    if release is not None:
+        release(None)
+    with _as_rank_zero(), quiet.deepspeed_setup():
+        return deepspeed.initialize(model=model, config=config)[0]
+
+
 def zero3_for_probe(model: nn.Module) -> tuple[Callable[[torch.Tensor], None], int]:
     """`model` under ZeRO-3 in bf16 (torch's AdamW: no op to build): a forward + backward, and
     the hook calls of a block as `costs.host_calls` counts them (4 per module holding
@@ -43,11 +58,53 @@ def zero3_for_probe(model: nn.Module) -> tuple[Callable[[torch.Tensor], None], i
         "bf16": {"enabled": True},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
     }
-    with _as_rank_zero(), quiet.deepspeed_setup():
-        engine, *_ = deepspeed.initialize(model=model, config=config)
+    engine = _initialize(model, config)
 
     def step(tokens: torch.Tensor) -> None:
         with _as_rank_zero():  # ZeRO-3 reads LOCAL_RANK in its hooks (the same in every step)
             engine.backward(engine(tokens).float().sum())
 
     return step, 5 * BLOCK_LAYERS
+
+
+OFFLOAD_SHAPE = {"dim": 1024, "n_heads": 8, "n_kv_heads": 4, "ffn_dim": 2816, "vocab_size": 512}
+
+
+def offload_step_for_probe(numel: int, device: torch.device) -> tuple[Callable[[], float], int]:
+    """ZeRO-3 with its optimizer offloaded to pinned host memory (DeepSpeedCPUAdam, fp32 master,
+    bf16, clipping at 1.0, as zerofit's offload runs are) over a Llama of about `numel`
+    parameters, in the process group in use (the probe's fake one of one rank): (a step that
+    runs a forward + backward, then times `engine.step()` alone and returns its seconds, the
+    parameters it steps). Its C++ op builds here if it is not built."""
+    shape = OFFLOAD_SHAPE
+    head = shape["dim"] // shape["n_heads"]
+    block = shape["dim"] * head * (2 * shape["n_heads"] + 2 * shape["n_kv_heads"])
+    block += 3 * shape["dim"] * shape["ffn_dim"] + 2 * shape["dim"]
+    layers = max(1, round(numel / block))
+    spec = build_model("llama3-1b", overrides={"n_layers": layers, **shape}, loss_chunk=0)
+    model = spec.construct()
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_clipping": 1.0,
+        "zero_optimization": {
+            "stage": 3,
+            "offload_optimizer": {"device": "cpu", "pin_memory": True},
+        },
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": False}},
+    }
+    engine = _initialize(model, config)
+    tokens = torch.randint(0, shape["vocab_size"], (1, 16), device=engine.device)
+
+    def step() -> float:
+        with _as_rank_zero():
+            engine.backward(engine(tokens).float().sum())
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            engine.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return time.perf_counter() - start
+
+    return step, sum(p.ds_numel for p in engine.module.parameters())

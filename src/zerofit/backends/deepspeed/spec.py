@@ -21,34 +21,14 @@ Offload terms, from DeepSpeed 0.19.8's `runtime/zero/stage3.py` (the version the
   host-to-GPU direction with the gradients' way up, not the way down (the 2026-12-04 24 GB runs,
   where parameter offload made a step faster, not slower, are still under-forecast: unexplained).
 - Once per step (`OffloadTime.step`): CPU Adam over the CPU share (CPU_ADAM_BW), that share's
-  gradient copied down in the master dtype (`_offload_grad_partition_at_boundary`) and its updated
-  parameters up in e_c (not with parameter offload: the partition is on the host already).
+  gradient copied down in the master dtype (`_offload_grad_partition_at_boundary`) and its
+  updated parameters up in e_c (not with parameter offload: the partition is on the host
+  already). `plan --host-probe` times this whole step on the host (`host_optimizers_for_probe`),
+  and its rate then stands for all of it (on several GPUs the copies, each on its own link, are
+  charged as if in turn).
 PCIe runs at `Hardware.pcie_bw` (planner.gpus.HOST_LINK_BW for the card's generation).
 
-ZeRO-1/2 memory by phase (`stage12_phases`), from the same version's `runtime/zero/
-stage_1_and_2.py` (DeepSpeedZeroOptimizer with FusedAdam: zerofit sets no fp32 gradient
-accumulation dtype, so not BF16_Optimizer). Resident: the flat bf16 parameters, the master
-partition and Adam's two moments in the master dtype. The gradients (`grads_in_partition`) are in
-the model dtype at both stages, whatever the reduce dtype; the step frees them, so a forward holds
-none unless gradients accumulate (then see `costs._accumulating`: ZeRO-1 also keeps its reduce
-buckets through the next forward, ZeRO-2 a second gradient partition in the boundary's
-backward). Inside backward: two reduce buckets (`overlap_comm`) of
-`reduce_bucket_size` in the model dtype, plus the bucket being reduced cast to the reduce dtype,
-beside the activations not yet freed (the peak of a large model at a short sequence). The step
-flattens each group's gradients (`torch.cat`) and casts the copy to the master dtype: with fp32
-masters 22 bytes a parameter then, with bf16 12. Checked on the 2026-12-03/04 held-out runs (none
-fitted): every ZeRO-1/2 row within 3.3%. World size > 1 is not derived from the source.
-
-ZeRO-3 memory (`stage3_phases`), from `runtime/zero/stage3.py` and `partition_parameters.py`:
-the flat gradient partitions are in the model dtype whatever the master (allocated at start-up;
-with the optimizer offloaded, in pinned host memory, where the master, moments and fp32 gradients
-of the offloaded sub-groups live too, while a GPU sub-group keeps its own master-dtype gradient
-buffer); one reduce bucket in the reduce dtype from the start; at world size 1 a gathered
-parameter is a view of its partition, so only W > 1 or parameter offload gather copies (two
-blocks and the head in flight: not derived); the first bucket reduction adds the bucket's cast and
-partitions, and under offload the head's copy and its fp64 norm chunk; the step flattens and casts
-one sub-group's gradients at a time. Checked on the held-out runs (none fitted): every ZeRO-3 row
-within 5%.
+ZeRO-1/2 and ZeRO-3 memory by phase: `costs`'s module docstring.
 """
 
 from __future__ import annotations
@@ -59,6 +39,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from zerofit.backends.deepspeed.costs import (
+    ADAM_KEY,
     CPU_ADAM_BW,
     FINE_SUB_GROUP_SIZE,
     RATIO_STEP,
@@ -335,13 +316,15 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
         """See the module docstring: per micro-batch the gradient partition's round trip (and the
         offloaded parameters' fetches), per step CPU Adam and the copies around it."""
         local, gpus = w.trained(m.num_params) / w.world_size, hw.gpus_per_node
-        grads, fetches, step = 0.0, 0.0, 0.0
+        grads = fetches = step = 0.0
         params_on_host = opts.stage == 3 and opts.offload_param != "none"
         if opts.offload_optimizer != "none":
             moved = local * cpu_share(m, w, opts)
             grads = local * w.e_c / hw.pcie_bw  # each way: to the GPU, accumulated, back
-            step += moved * gpus * 7 * w.e_m / CPU_ADAM_BW
-            step += moved * (w.e_m + (0 if params_on_host else w.e_c)) / hw.pcie_bw
+            probed = hw.adam_bw(ADAM_KEY, 0.0)  # the whole step as timed here, copies included
+            step += moved * gpus * 7 * w.e_m / (probed or CPU_ADAM_BW)
+            if not probed:
+                step += moved * (w.e_m + (0 if params_on_host else w.e_c)) / hw.pcie_bw
         if params_on_host:  # each rank fetches its partition in forward and again in backward
             passes = 3 if w.reference_copy else 2  # + DPO's frozen copy's, in its forward
             fetches = passes * m.num_params / w.world_size * w.e_c / hw.pcie_bw
@@ -369,6 +352,13 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
         except ImportError:
             return None
         return zero3_for_probe(model)  # ZeRO-3 in bf16, and its calls a block
+
+    def host_optimizers_for_probe(self) -> dict[str, Callable[..., Any]]:
+        try:
+            from zerofit.backends.deepspeed.probe import offload_step_for_probe  # optional
+        except ImportError:
+            return {}
+        return {ADAM_KEY: offload_step_for_probe}  # ZeRO-3's whole offloaded step
 
     def shard_share(self, opts: DeepSpeedOptions, world_size: int) -> float:
         return 1 / world_size if opts.stage == 3 else 1.0

@@ -17,6 +17,8 @@ H200 host (16 cores, 2026-12-04, `speed2_h200.sh`: llama3-1b, FSDP2 offload at 1
 compile on a 24 GB cap, the rest of the step forecast as above): torch's fused CPU AdamW, zerofit's
 default for host-resident states (`optim.fused` unset), 41 GB/s (30,762 tokens/s measured), about
 DeepSpeed's CPU Adam (CPU_ADAM_BW); the foreach update (`optim.fused: false`) 17 GB/s (23,275).
+`plan --host-probe` times both on the host where it runs (`host_optimizers_for_probe`), and a
+forecast then charges the probed rates (`Hardware.adam_bw`).
 In-sample: both runs are the fit. Checked on the held-out 2026-12-04 config a (bf16 states,
 seq 1024): -7.2% in step time.
 PCIe runs at `Hardware.pcie_bw` (planner.gpus.HOST_LINK_BW for the card's generation).
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
 
 FUSED_CPU_ADAM_BW = 41e9  # bytes/s per node, 7 x master-dtype bytes a parameter (see above)
 FOREACH_CPU_ADAM_BW = 17e9
+ADAM_FUSED = ("fsdp fused", FUSED_CPU_ADAM_BW)  # (Hardware.adam_bw's key, fitted rate)
+ADAM_FOREACH = ("fsdp foreach", FOREACH_CPU_ADAM_BW)
 
 
 class FSDP(Engine[FSDPOptions]):
@@ -137,7 +141,8 @@ class FSDP(Engine[FSDPOptions]):
         copy = w.copy_bytes(P, S)  # DPO's frozen copy: its shard up once, in its forward
         blocks = 2 * m.n_layers - 1 if opts.reshard_after_forward else m.n_layers
         gathers = (blocks * m.block_params + m.root_params) / P  # full passes over the model
-        rate = FUSED_CPU_ADAM_BW if w.fused_optim else FOREACH_CPU_ADAM_BW
+        key, fitted = ADAM_FUSED if w.fused_optim else ADAM_FOREACH
+        rate = hw.adam_bw(key, fitted)  # probed here (`plan --host-probe`), else fitted
         step = local * hw.gpus_per_node * 7 * w.e_m / rate + local * w.e_m / hw.pcie_bw
         return OffloadTime((gathers * stored + copy) / hw.pcie_bw, step)
 
@@ -154,6 +159,13 @@ class FSDP(Engine[FSDPOptions]):
 
         shard_for_probe(model, blocks)
         return lambda tokens: model(tokens).float().sum().backward(), 4 * BLOCK_LAYERS
+
+    def host_optimizers_for_probe(self) -> dict[str, Callable[..., Any]]:
+        """torch's CPU AdamW as CPU offload steps it: fused (zerofit's default for host-resident
+        states) and foreach (`optim.fused: false`)."""
+        from zerofit.backends.torch_common import adamw_for_probe  # why: imports torch
+
+        return {ADAM_FUSED[0]: adamw_for_probe(True), ADAM_FOREACH[0]: adamw_for_probe(False)}
 
     def shard_share(self, opts: FSDPOptions, world_size: int) -> float:
         return opts.replicate_degree / world_size

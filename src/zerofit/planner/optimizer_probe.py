@@ -1,0 +1,61 @@
+"""The host's speed at an offloaded optimizer step, measured where it runs (part of `zerofit plan
+--host-probe`, `planner.host_probe`).
+
+An offloading run steps its optimizer on the CPU once per step, where nothing hides it, so the
+host decides that part of the step (the engines' `offload_seconds`). Each engine says what it
+steps (`Engine.host_optimizers_for_probe`): FSDP2's CPU offload torch's fused and foreach AdamW,
+timed alone over fp32 parameters; DeepSpeed a ZeRO-3 step with the optimizer offloaded, timed
+whole as `engine.step()` runs it (DeepSpeedCPUAdam, the gradients' unscaling and clipping, the
+copies between the pinned buffers and the GPU). Each runs over about NUMEL parameters (512 MiB
+with gradients and moments: far past any cache, as a rank's partition is), on every core (a
+run's ranks share them all: `launch.spawn`), in a fake process group of one rank. The median of
+STEPS steps after one gives bytes/s at ADAM_BYTES a parameter, the unit `offload_seconds`
+charges (`Hardware.adam_bw`).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from zerofit.backends import engines
+
+NUMEL, STEPS = 1 << 25, 5  # 32 Mi parameters
+ADAM_BYTES = 7 * 4  # a parameter's fp32 bytes an Adam step streams (`offload_seconds`)
+
+
+def why(e: Exception) -> str:
+    """An exception in one line of at most 200 characters."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+
+
+def _seconds(make: object, numel: int, device: torch.device) -> tuple[float, int]:
+    """(median seconds of a step, the parameters it stepped) for one host optimizer."""
+    step, stepped = make(numel, device)  # type: ignore[operator]
+    step()  # the moments are allocated in the first step
+    return statistics.median(step() for _ in range(STEPS)), stepped
+
+
+def optimizer_rates(
+    device: torch.device, numel: int = NUMEL
+) -> tuple[dict[str, float], dict[str, str]]:
+    """(host optimizer -> bytes/s, "<host optimizer>'s step" -> why it could not be timed)."""
+    rates, failed = {}, {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or threads)
+    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for engine in engines().values():
+            for key, make in engine.host_optimizers_for_probe().items():
+                try:
+                    seconds, stepped = _seconds(make, numel, device)
+                    rates[key] = ADAM_BYTES * stepped / seconds
+                except Exception as e:  # noqa: BLE001 - an op that cannot build: fitted rate
+                    failed[f"{key}'s step"] = why(e)
+    finally:
+        dist.destroy_process_group()
+        torch.set_num_threads(threads)
+    return rates, failed

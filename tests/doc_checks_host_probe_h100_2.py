@@ -1,0 +1,96 @@
+"""test_doc_figures' checks for docs/benchmarks/2026-12-06-host-probe-h100-2.md (issue 27: the
+host probe's second version on an H100, and the changes it led to): a call's runs forecast again
+by today's planner (tools/planner_residuals.py) from the committed results, with the host probe
+saved beside them; each probe's rates as `plan --host-probe --json` wrote them."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+DOC = "docs/benchmarks/2026-12-06-host-probe-h100-2.md"
+CALL2 = "2026-12-06-host-probe-h100-2/"
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "benchmarks" / "data"
+
+
+@functools.cache  # the runs are forecast once (seconds), however often a check is read
+def _rows(folder: str) -> tuple:
+    tools = str(ROOT / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    import planner_residuals as pr  # here: a tool, not a package (imported when checked)
+
+    runs = [r for r in pr.bench_runs(DATA / folder / "all-results.json") if isinstance(r, pr.Run)]
+    assert runs and all(r.hw.host_from.startswith("probed: ") for r in runs)
+    return tuple(pr.row(r) for r in runs)
+
+
+def runs_table(folder: str) -> Callable[[], dict[str, list]]:
+    """Per run: measured s; error % of the roofline, of the probed host; memory error %."""
+
+    def table() -> dict[str, list]:
+        return {
+            row.run.key.split(":", 1)[1]: [
+                row.run.step_s,
+                100 * row.before,
+                100 * row.after,
+                100 * row.memory_error,
+            ]
+            for row in _rows(folder)
+        }
+
+    return table
+
+
+def runs_summary(folder: str) -> Callable[[], list[str]]:
+    def summary() -> list[str]:
+        rows = _rows(folder)
+        hits = sum(abs(r.after) <= 0.10 for r in rows)
+        memory = sum(abs(r.memory_error) <= 0.05 for r in rows)
+        return [
+            f"with the probed host, {hits} of {len(rows)} within 10%",
+            f"memory within 5% in {memory} of {len(rows)}",
+        ]
+
+    return summary
+
+
+def probes_table(folder: str) -> Callable[[], dict[str, list]]:
+    """Per probe: us per eager launch, per compiled launch; us per hook call of each engine
+    (sharded, then alone where probed); each host optimizer's GB/s."""
+
+    def table() -> dict[str, list]:
+        out = {}
+        for name, file in (
+            ("before the runs", "host-probe.json"),
+            ("after", "host-probe-after.json"),
+        ):
+            hw = json.loads((DATA / folder / file).read_text())["hardware"]
+            hooks = hw["host_hooks_us"]
+            adam = hw.get("host_adam_gb_per_s") or {}
+            out[name] = [
+                hw["host_launch_us"],
+                hw["host_compiled_launch_us"],
+                [hooks[k] for k in ("fsdp", "fsdp@1") if k in hooks],
+                [hooks[k] for k in ("deepspeed", "deepspeed@1") if k in hooks],
+                *[[v] for v in adam.values()],
+            ]
+        return out
+
+    return table
+
+
+HOST_PROBE_H100_2: dict[str, tuple[list[str], Callable[[], Any], int]] = {
+    "host-probe-h100-2": ([CALL2 + "all-results.json"], runs_table(CALL2), 1),
+    "host-probe-h100-2-summary": ([CALL2 + "all-results.json"], runs_summary(CALL2), 1),
+    "host-probe-h100-2-probes": (
+        [CALL2 + "host-probe.json", CALL2 + "host-probe-after.json"],
+        probes_table(CALL2),
+        1,
+    ),
+}
