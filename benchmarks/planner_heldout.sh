@@ -111,7 +111,7 @@ run fsdp-compiled 75 --model.preset llama3-1b --model.overrides "$s21" --model.s
 run lora-first8 120 --model.preset llama3-8b --model.seq_len 2048 \
   --variant "lora r64 first 8 compiled 2x2: train.micro_batch_size=2 train.grad_accum_steps=2 model.lora.rank=64 parallel.backend=fsdp parallel.activation_checkpointing=first_k parallel.ac_blocks=8 parallel.compile=true"
 
-probe "$root/host-probe-after.json"
+[ "${PROBE_AFTER:-1}" = 1 ] && probe "$root/host-probe-after.json"  # PROBE_AFTER=0: a short call
 python3 benchmarks/bundle_results.py "$root" "$root/all-results.json"
 python3 tools/planner_residuals.py --results "$root" --json "$root/heldout-forecast.json" \
   > "$root/heldout-table.md" 2>&1

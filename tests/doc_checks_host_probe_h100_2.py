@@ -94,3 +94,33 @@ HOST_PROBE_H100_2: dict[str, tuple[list[str], Callable[[], Any], int]] = {
         1,
     ),
 }
+
+
+CALL3 = "2026-12-06-host-probe-h100-3/"
+
+
+def probe3_table() -> dict[str, list]:
+    """The third call's probe: us per launch (eager, compiled), us per hook call of FSDP2 and
+    ZeRO-3 (a rank alone, then sharded), GB/s of each host optimizer."""
+    hw = json.loads((DATA / CALL3 / "host-probe.json").read_text())["hardware"]
+    hooks, adam = hw["host_hooks_us"], hw["host_adam_gb_per_s"]
+    return {
+        "before the runs": [
+            hw["host_launch_us"],
+            hw["host_compiled_launch_us"],
+            [hooks["fsdp@1"], hooks["fsdp"]],
+            [hooks["deepspeed@1"], hooks["deepspeed"]],
+            adam["fsdp fused"],
+            adam["fsdp foreach"],
+            adam["deepspeed offload step"],
+        ]
+    }
+
+
+HOST_PROBE_H100_2.update(
+    {
+        "host-probe-h100-3": ([CALL3 + "all-results.json"], runs_table(CALL3), 1),
+        "host-probe-h100-3-summary": ([CALL3 + "all-results.json"], runs_summary(CALL3), 1),
+        "host-probe-h100-3-probe": ([CALL3 + "host-probe.json"], probe3_table, 1),
+    }
+)

@@ -147,31 +147,38 @@ def test_each_engine_is_probed_for_its_own_hooks_and_optimizer_step(tmp_path: Pa
 
 
 def test_the_optimizer_probe_measures_a_known_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A host optimizer whose step takes DELAY (it sleeps): its rate is about ADAM_BYTES a
-    parameter over DELAY (sleep cannot be shorter than asked: the upper bound holds on a busy
-    host; loose below). One that fails keeps the fitted rate, named with why."""
+    """A host optimizer whose step takes DELAY a NUMEL parameters plus DELAY whatever its size
+    (it sleeps): its rate is ADAM_BYTES a parameter over the time the extra parameters add, the
+    fixed DELAY left out (loose both ways: a busy host stretches each sleep). One whose step
+    does not grow with its size, or that fails, keeps the fitted rate, named with why."""
     numel = 1000
 
-    def sleeping(n: int, device: torch.device) -> tuple:
-        def step() -> float:
-            start = time.perf_counter()
-            time.sleep(DELAY)
-            return time.perf_counter() - start
+    def sleeping(per_numel: float) -> object:
+        def make(n: int, device: torch.device) -> tuple:
+            def step() -> float:
+                start = time.perf_counter()
+                time.sleep(DELAY + per_numel * n / numel)
+                return time.perf_counter() - start
 
-        return step, n
+            return step, n
+
+        return make
 
     def broken(n: int, device: torch.device) -> tuple:
         raise RuntimeError("op cannot build\nmore")
 
     class Offloads:
         def host_optimizers_for_probe(self) -> dict:
-            return {"slow adam": sleeping, "broken adam": broken}
+            return {"slow adam": sleeping(DELAY), "flat adam": sleeping(0.0), "broken": broken}
 
     monkeypatch.setattr(optimizer_probe, "engines", lambda: {"x": Offloads()})
+    monkeypatch.setattr(optimizer_probe, "STEPS", 3)
     rates, failed = optimizer_probe.optimizer_rates(torch.device("cpu"), numel)
     exact = optimizer_probe.ADAM_BYTES * numel / DELAY
-    assert exact / 3 < rates["slow adam"] <= exact
-    assert failed == {"broken adam's step": "RuntimeError: op cannot build"}
+    whole = optimizer_probe.ADAM_BYTES * numel / (2 * DELAY)  # the rate of one size, timed whole
+    assert exact / 1.6 < rates["slow adam"] < exact * 1.6 and rates["slow adam"] > whole * 1.2
+    assert failed["broken's step"] == "RuntimeError: op cannot build"
+    assert "flat adam" not in rates or rates["flat adam"] > 3 * exact  # noise, never a rate
     assert not torch.distributed.is_initialized()
 
 
