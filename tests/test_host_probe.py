@@ -289,3 +289,31 @@ def test_compiled_kernels_launch_at_their_own_rate_where_known(
     found = json.loads(plan(capsys, "--json", "--host-us", "10,50,40"))["hardware"]
     assert found["host_compiled_launch_us"] == pytest.approx(40)
     assert "(40.0 compiled)" in " ".join(plan(capsys, "--host-us", "10,50,40").split())
+
+
+ZERO3_PERSISTS = """
+import json
+import torch
+import torch.distributed as dist
+from torch.testing._internal.distributed import fake_pg  # noqa: F401
+from zerofit.backends.deepspeed.probe import zero3_for_probe
+from zerofit.planner import host_probe
+dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=2)
+model = host_probe._model(2, torch.device("cpu"))
+zero3_for_probe(model)
+print(json.dumps({n: p.ds_persist for n, p in model.layers.named_parameters()}))
+"""
+
+
+def test_the_probes_zero3_partitions_what_a_real_block_does(tmp_path: Path) -> None:
+    """ZeRO-3 keeps small tensors gathered (its persistence threshold): in a real block only the
+    norms. The probe's block is small, so it sets a threshold under which only its norms fall,
+    and every matrix goes through the fetch and release hooks as a run's do. In a process of
+    its own: DeepSpeed patches torch."""
+    command = [sys.executable, "-c", ZERO3_PERSISTS]
+    out = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    persists = json.loads(out.stdout.strip().splitlines()[-1])
+    norms = {name for name in persists if "norm" in name}
+    assert norms and all(persists[name] for name in norms)
+    assert not any(persists[name] for name in set(persists) - norms), persists
