@@ -45,7 +45,13 @@ def test_the_corpus_holds_both_cards_and_the_named_fit_set(rows: list[pr.Row]) -
 # 2026-12-06 FSDP2 eager run without recomputation on the H100 machine's host, host-bound at 2,048
 # tokens a micro-batch (measured 0.237 s a step; the term says 0.514 s of host work, from FSDP2
 # hooks costed on the H200 machine's host: docs/benchmarks/2026-12-06-planner-heldout-h100.md).
-MOVES_AWAY = {"2026-12-06-planner-heldout-h100/all-results.json:fsdp eager 2x2"}
+MOVES_AWAY = {
+    "2026-12-06-planner-heldout-h100/all-results.json:fsdp eager 2x2",
+    # the third host-probe call's DeepSpeed offloaded step, timed whole at one size (24.8 GB/s,
+    # its fixed cost counted as streaming): +38.9% against the fitted rate's +17.9%; the probe
+    # has since taken the difference of two sizes (docs/benchmarks/2026-12-06-host-probe-h100-2.md)
+    "2026-12-06-host-probe-h100-3/all-results.json:zero3 optim cpu eager 1x1024 x2",
+}
 
 
 def test_no_run_held_out_of_the_fit_moves_away_from_what_it_measured(rows: list[pr.Row]) -> None:

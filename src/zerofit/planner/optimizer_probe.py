@@ -55,9 +55,11 @@ def _marginal_rate(make: object, numel: int, device: torch.device) -> float:
 
 
 def optimizer_rates(
-    device: torch.device, numel: int = NUMEL
+    device: torch.device, numel: int | None = None
 ) -> tuple[dict[str, float], dict[str, str]]:
-    """(host optimizer -> bytes/s, "<host optimizer>'s step" -> why it could not be timed)."""
+    """(host optimizer -> bytes/s, "<host optimizer>'s step" -> why it could not be timed), over
+    `numel` parameters and GROWTH times as many (None: NUMEL, read when called)."""
+    numel = numel or NUMEL
     # torch's fake process group, registered as the "fake" backend when this module is imported
     from torch.testing._internal.distributed import fake_pg  # noqa: F401  # why: test backend
 
