@@ -50,6 +50,28 @@ probe "$root/host-probe.json"
 # DeepSpeed's fused and CPU Adam build while the first runs (torch-only) go, on 4 of the cores
 # at the lowest priority: the host's speed is what these runs measure
 MAX_JOBS=4 taskset -c 12-15 nice -n 19 bash -c "source $(dirname "$0")/bench_lib.sh; root=$root; zf_prebuild" &
+# The fourth call's (2026-12-06, after ZeRO-1/2's and compiled FSDP2's hooks were probed apart,
+# the offloaded step's rate taken from two sizes, and the ZeRO-3 probe's persistence set): four
+# of the third call's configurations that did not run then, and three new ones, none run before.
+# Torch-only first, while DeepSpeed's ops build:
+#   new4-fsdp-c29      FSDP2 compiled, the 2.9B shape at 1 x 512 x 2: compiled FSDP2's hooks alone
+#   new4-zero1-21      ZeRO-1 eager, the 2.1B shape at 1 x 512 x 2: ZeRO-1's gradient hooks
+#   new4-zero3-29      ZeRO-3 eager, the 2.9B shape at 1 x 512 x 2: ZeRO-3's hooks on a new shape
+run new3-ddp-compiled 75 --model.preset llama3-1b --model.seq_len 1024 \
+  --variant "ddp compiled 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=ddp parallel.compile=true"
+run new3-fsdp-offload 90 --model.preset llama3-1b --model.seq_len 2048 \
+  --variant "fsdp cpu offload eager 2x1: train.micro_batch_size=2 train.grad_accum_steps=1 precision.master_dtype=fp32 parallel.backend=fsdp parallel.fsdp.cpu_offload=true parallel.compile=false"
+run new4-fsdp-c29 75 --model.preset llama3-1b --model.overrides "$s29" --model.seq_len 512 \
+  --variant "fsdp compiled 1x512 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=fsdp parallel.compile=true"
+wait
+run new4-zero1-21 60 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 512 \
+  --variant "zero1 eager 1x512 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=1 parallel.compile=false"
+run new4-zero3-29 60 --model.preset llama3-1b --model.overrides "$s29" --model.seq_len 512 \
+  --variant "zero3 eager 1x512 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.compile=false"
+run new3-zero2-21 60 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 512 \
+  --variant "zero2 eager 1x512 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=2 parallel.compile=false"
+run new3-zero3-cpu-bf16 90 --model.preset llama3-1b --model.seq_len 2048 \
+  --variant "zero3 optim cpu bf16 eager 2x1: train.micro_batch_size=2 train.grad_accum_steps=1 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.deepspeed.offload_optimizer=cpu parallel.compile=false"
 # Four new configurations (2026-12-06, after the probe was built), none in any earlier file:
 #   new-ddp-short      DDP eager, llama3-1b at 1 x 512 x 2: launches alone decide it
 #   new-fsdp-short     FSDP2 eager, llama3-1b at 1 x 1024 x 2: FSDP2's hooks and launches
@@ -86,16 +108,8 @@ run new3-zero3-w1 60 --model.preset llama3-1b --model.seq_len 512 \
   --variant "zero3 eager 1x512 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.compile=false"
 run new3-fsdp-29 60 --model.preset llama3-1b --model.overrides "$s29" --model.seq_len 512 \
   --variant "fsdp eager 1x512: train.micro_batch_size=1 train.grad_accum_steps=1 precision.master_dtype=bf16 parallel.backend=fsdp parallel.compile=false"
-run new3-zero2-21 60 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 512 \
-  --variant "zero2 eager 1x512 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=2 parallel.compile=false"
-run new3-ddp-compiled 75 --model.preset llama3-1b --model.seq_len 1024 \
-  --variant "ddp compiled 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=ddp parallel.compile=true"
-run new3-zero3-cpu-bf16 90 --model.preset llama3-1b --model.seq_len 2048 \
-  --variant "zero3 optim cpu bf16 eager 2x1: train.micro_batch_size=2 train.grad_accum_steps=1 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.deepspeed.offload_optimizer=cpu parallel.compile=false"
 run new3-zero3-cpu-21 100 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 1024 \
   --variant "zero3 optim cpu eager 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=fp32 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.deepspeed.offload_optimizer=cpu parallel.compile=false"
-run new3-fsdp-offload 90 --model.preset llama3-1b --model.seq_len 2048 \
-  --variant "fsdp cpu offload eager 2x1: train.micro_batch_size=2 train.grad_accum_steps=1 precision.master_dtype=fp32 parallel.backend=fsdp parallel.fsdp.cpu_offload=true parallel.compile=false"
 run new-zero3-short 75 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 1024 \
   --variant "zero3 eager 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.compile=false"
 run zero1-bf16 75 --model.preset llama3-1b --model.seq_len 2048 \

@@ -77,6 +77,9 @@ def test_the_probe_measures_host_time_added_to_each_unit(monkeypatch: pytest.Mon
                 block.register_forward_pre_hook(lambda *_: time.sleep(DELAY))
             return step, calls
 
+        def hook_variants(self) -> dict:
+            return fsdp.hook_variants()  # its compiled run's: not probed on a CPU
+
         def host_optimizers_for_probe(self) -> dict:
             return fsdp.host_optimizers_for_probe()
 
@@ -98,6 +101,9 @@ def test_an_engine_whose_probe_fails_keeps_the_fitted_rate(monkeypatch: pytest.M
     class Broken:
         def hook_for_probe(self, model: torch.nn.Module, blocks: torch.nn.ModuleList) -> tuple:
             raise RuntimeError("no such collective\nsecond line")
+
+        def hook_variants(self) -> dict:
+            return {"": False}
 
         def host_optimizers_for_probe(self) -> dict:
             return {}
@@ -132,7 +138,8 @@ def test_each_engine_is_probed_for_its_own_hooks_and_optimizer_step(tmp_path: Pa
     out = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     found = json.loads(out.stdout)["hardware"]
-    assert set(found["host_hooks_us"]) == {"fsdp", "fsdp@1", "deepspeed", "deepspeed@1"}
+    zero12 = {"deepspeed/zero12", "deepspeed/zero12@1"}  # ZeRO-1/2's gradient hooks
+    assert set(found["host_hooks_us"]) == {"fsdp", "fsdp@1", "deepspeed", "deepspeed@1", *zero12}
     assert all(rate >= 0 for rate in found["host_hooks_us"].values())  # 0: noise on a busy CPU
     assert set(found["host_adam_gb_per_s"]) == {"fsdp fused", "fsdp foreach", ADAM_KEY}
     assert all(rate > 0 for rate in found["host_adam_gb_per_s"].values())
@@ -143,6 +150,8 @@ def test_each_engine_is_probed_for_its_own_hooks_and_optimizer_step(tmp_path: Pa
         assert sharded == pytest.approx(found["host_hooks_us"][name])
         alone = speed.host_rates(hw, engine=name, world=1)[1] * 1e6
         assert alone == pytest.approx(found["host_hooks_us"][f"{name}@1"])
+    zero2 = speed.host_rates(hw, engine="deepspeed", world=1, variant="zero12")[1] * 1e6
+    assert zero2 == pytest.approx(found["host_hooks_us"]["deepspeed/zero12@1"])
     assert hw.adam_bw(ADAM_KEY, 0.0) == pytest.approx(found["host_adam_gb_per_s"][ADAM_KEY] * 1e9)
 
 
@@ -224,6 +233,65 @@ def test_a_rank_alone_is_charged_its_own_hook_rate() -> None:
     assert alone < speed.host_seconds(m, w, s, older)[0]  # type: ignore[arg-type]
 
 
+def test_each_kind_of_run_is_charged_its_own_hook_rate() -> None:
+    """ZeRO-1/2 runs are charged ZeRO-2's probed hook rate, not ZeRO-3's, and compiled FSDP2 runs
+    the rate probed around compiled blocks; a kind the probe did not time falls back to the
+    engine's plain rate, at the run's world size first."""
+    rates = (("deepspeed@1", 100e-6), ("deepspeed", 200e-6), ("deepspeed/zero12", 20e-6))
+    hw = replace(
+        H100, host_hooks=(*rates, ("fsdp@1", 10e-6), ("fsdp", 30e-6), ("fsdp/compiled@1", 15e-6))
+    )
+    assert speed.host_rates(hw, engine="deepspeed", world=1, variant="zero12")[1] == 20e-6
+    assert speed.host_rates(hw, engine="deepspeed", world=1)[1] == 100e-6
+    assert speed.host_rates(hw, engine="fsdp", world=1, variant="compiled")[1] == 15e-6
+    assert speed.host_rates(hw, engine="fsdp", world=2, variant="compiled")[1] == 30e-6
+    assert speed.host_rates(hw, engine="fsdp", world=1, variant="other")[1] == 10e-6
+    m = shape_from_preset("llama3-1b")
+    w = Workload(1, 1024, 1, grad_accum_steps=2, master_dtype="bf16")
+    for stage in (2, 3):
+        s = Strategy.of("deepspeed", stage=stage, compile=False)
+        count = s.engine.host_calls(m, w, s.options)  # type: ignore[attr-defined]
+        rate = 20e-6 if stage == 2 else 100e-6
+        hooks = count.micro_batch * rate * w.grad_accum_steps
+        free = replace(hw, host_hooks=tuple((k, 0.0) for k, _ in hw.host_hooks))
+        charged = speed.host_seconds(m, w, s, hw)[0] - speed.host_seconds(m, w, s, free)[0]  # type: ignore[arg-type]
+        assert charged == pytest.approx(hooks)
+    compiled = Strategy.of("fsdp", compile=True)
+    assert compiled.engine.hook_variant(compiled.options, True) == "compiled"  # type: ignore[attr-defined]
+
+
+def test_a_compiled_runs_hooks_are_timed_against_compiled_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hooks of a kind of run that compiles are what they add to compiled plain blocks: the
+    probe's plain counterpart is then `_compiled` (stood in for here: Inductor's CPU code is
+    not what a GPU run launches, and compiling it here takes minutes)."""
+    quick(monkeypatch, 1, 1)
+    made = []
+
+    def compiled_stand_in(layers: int, device: torch.device) -> object:
+        made.append(layers)
+        return host_probe._plain(host_probe._model(layers, device).to(torch.bfloat16))
+
+    monkeypatch.setattr(host_probe, "_compiled", compiled_stand_in)
+    fsdp = engines()["fsdp"]
+
+    class Traced:
+        def hook_for_probe(
+            self, model: torch.nn.Module, blocks: object, variant: str = ""
+        ) -> tuple:
+            assert variant == "traced"
+            return fsdp.hook_for_probe(model, blocks)  # type: ignore[misc]
+
+        def hook_variants(self) -> dict:
+            return {"traced": True}
+
+    from torch.testing._internal.distributed import fake_pg  # noqa: F401  # why: test backend
+
+    unit, calls = host_probe._hooks_at(Traced(), 1, torch.device("cpu"), "traced")
+    assert sorted(made) == sorted(host_probe.LAYERS) and calls == 4 * BLOCK_LAYERS and unit >= 0
+
+
 def plan(capsys: pytest.CaptureFixture[str], *flags: str) -> str:
     assert main(["plan", "--preset", "llama3-1b", "--gpus", "1", "--gpu", "H100", *flags]) == 0
     return capsys.readouterr().out
@@ -296,11 +364,11 @@ import json
 import torch
 import torch.distributed as dist
 from torch.testing._internal.distributed import fake_pg  # noqa: F401
-from zerofit.backends.deepspeed.probe import zero3_for_probe
+from zerofit.backends.deepspeed.probe import zero_for_probe
 from zerofit.planner import host_probe
 dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=2)
 model = host_probe._model(2, torch.device("cpu"))
-zero3_for_probe(model)
+zero_for_probe(model, 3)
 print(json.dumps({n: p.ds_persist for n, p in model.layers.named_parameters()}))
 """
 

@@ -177,13 +177,27 @@ class Engine(Generic[OptionsT]):
         the engine's hooks run in C++ (DDP's reducer)."""
         return HostCalls()
 
-    def hook_for_probe(self, model: Any, blocks: Any) -> tuple[Callable[[Any], None], int] | None:
+    def hook_for_probe(
+        self, model: Any, blocks: Any, variant: str = ""
+    ) -> tuple[Callable[[Any], None], int] | None:
         """This engine's hooks on `model` (zerofit's Llama in fp32, each of `blocks` a unit) over
-        the process group in use (the host probe's fake one), for `zerofit.planner.host_probe`
-        to time its hook calls on this host: (a forward + backward of a token batch, the hook
-        calls `host_calls` counts a unit as); None where it has no Python hooks to time (or
-        its library is missing)."""
+        the process group in use (the host probe's fake one), as a run of `variant` (one of
+        `hook_variants`) applies them, for `zerofit.planner.host_probe` to time its hook calls
+        on this host: (a forward + backward of a token batch, the hook calls `host_calls`
+        counts a unit as); None where it has no Python hooks to time (or its library is
+        missing)."""
         return None
+
+    def hook_variants(self) -> dict[str, bool]:
+        """The kinds of run whose hooks cost differently a call, each probed apart: variant ->
+        whether its blocks are compiled (the probe then compares them with compiled plain
+        blocks, on a GPU only). "" is the engine's plain eager run."""
+        return {"": False}
+
+    def hook_variant(self, opts: OptionsT, compiled: bool) -> str:
+        """Which of `hook_variants` a run with `opts` (compiled or not) is: its probed hook rate
+        is that variant's (`zerofit.planner.speed.host_rates`)."""
+        return ""
 
     def host_optimizers_for_probe(self) -> dict[str, Callable[..., Any]]:
         """The offloaded optimizer steps an offloading run of this engine takes on the host, each

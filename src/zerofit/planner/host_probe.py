@@ -13,20 +13,20 @@ both here, on the first GPU (else on the CPU, where an op's dispatch stands in f
   `speed.BLOCK_FUSED` (Triton's launcher is Python: its cost is not an eager op's).
 - **hooks**: the same models under each engine that has Python hooks to time
   (`Engine.hook_for_probe`: FSDP2 as a bf16 full-shard run shards it, every block and the root a
-  unit; DeepSpeed ZeRO-3 in bf16, when DeepSpeed is installed) over torch's fake process group
-  (its collectives return at once: the hooks' Python and copies are timed, not communication),
-  of each of PROBE_WORLDS ranks: a rank alone runs other paths (DeepSpeed gathers nothing, its
-  parameters are views) and cost half as much on this project's CPU machine. A unit's extra
-  host time, over the hook calls that engine's `host_calls` counts a unit as, is that engine's
-  hook call. DeepSpeed's cost 1.7 times FSDP2's a unit on this project's CPU machine, so one
-  rate for both misses one of them.
+  unit, eager and over compiled blocks; DeepSpeed ZeRO-3 in bf16, and ZeRO-2 for ZeRO-1/2's
+  gradient hooks, when DeepSpeed is installed: each engine's `hook_variants`) over torch's fake
+  process group (its collectives return at once: the hooks' Python and copies are timed, not
+  communication), of each of PROBE_WORLDS ranks: a rank alone runs other paths (DeepSpeed
+  gathers nothing, its parameters are views) and cost half as much on this project's CPU
+  machine. A unit's extra host time, over the hook calls that engine's `host_calls` counts a
+  unit as, is that engine's hook call. DeepSpeed's cost 1.7 times FSDP2's a unit on this
+  project's CPU machine, so one rate for both misses one of them.
 - **host optimizers** (`planner.optimizer_probe`): each engine's offloaded optimizer step.
 Every model of a measurement (the 6-block and 2-block ones, plain and hooked) is timed in turn,
-REPEATS times STEPS steps after WARMUP (on a CPU, CPU_REPEATS times CPU_STEPS); the hooks' cost is each repeat's hooked block less its
-plain one, and the median over the repeats is taken: a host that slows down for a while slows
-all of one repeat alike.
-Not probed: compiled launches on a CPU (charged at the eager rate), ZeRO-1/2's hooks (charged at
-ZeRO-3's rate per call).
+REPEATS times STEPS steps after WARMUP (on a CPU, CPU_REPEATS times CPU_STEPS); the hooks' cost
+is each repeat's hooked block less its plain one, and the median over the repeats is taken: a
+host that slows down for a while slows all of one repeat alike.
+Not probed on a CPU: compiled launches and compiled runs' hooks (charged at the eager rates).
 """
 
 from __future__ import annotations
@@ -125,21 +125,26 @@ def _compiled(layers: int, device: torch.device) -> Step:
     return _plain(model)
 
 
-def _hooks_at(engine: Any, world: int, device: torch.device) -> tuple[float, int]:
-    """(the host seconds `engine`'s hooks add to a unit a micro-batch, the hook calls a unit
-    counts as) over a fake process group of `world` ranks: each repeat's hooked block less
-    its plain one, the median (_NoHooks where the engine has no Python hooks)."""
+def _hooks_at(engine: Any, world: int, device: torch.device, variant: str) -> tuple[float, int]:
+    """(the host seconds `engine`'s hooks add to a unit a micro-batch in a run of `variant`,
+    the hook calls a unit counts as) over a fake process group of `world` ranks: each
+    repeat's hooked block less its plain one (compiled where the variant compiles), the median
+    (_NoHooks where the engine has no Python hooks)."""
     calls: list[int] = []
 
     def hooked(layers: int) -> Step:
         model = _model(layers, device)
-        found = engine.hook_for_probe(model, model.layers)
+        args = (variant,) if variant else ()  # the plain run's: as `hook_for_probe` defaults
+        found = engine.hook_for_probe(model, model.layers, *args)
         if found is None:
             raise _NoHooks
         calls.append(found[1])
         return found[0]
 
-    plain = lambda n: _plain(_model(n, device).to(torch.bfloat16))  # noqa: E731
+    if engine.hook_variants()[variant]:
+        plain = lambda n: _compiled(n, device)  # noqa: E731
+    else:
+        plain = lambda n: _plain(_model(n, device).to(torch.bfloat16))  # noqa: E731
     dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=world)
     try:
         gaps = _gaps([plain, hooked], device)
@@ -150,21 +155,25 @@ def _hooks_at(engine: Any, world: int, device: torch.device) -> tuple[float, int
 
 def _engine_units(device: torch.device) -> tuple[dict, dict, dict]:
     """(key -> seconds per hook call, key -> seconds its hooks add a unit, what failed -> why)
-    for every engine with hooks to time (`Engine.hook_for_probe`), at each of PROBE_WORLDS:
-    the key is the engine's name for ranks that shard (`hook_key`), "<name>@1" for a rank
-    alone. An engine whose probe fails is left out (its calls keep the fitted rate)."""
+    for every engine with hooks to time (`Engine.hook_for_probe`), for each of its kinds of run
+    (`Engine.hook_variants`; compiled ones on a GPU only) at each of PROBE_WORLDS, under
+    `hook_key`'s keys. An engine whose probe fails is left out (its calls keep the fitted
+    rate)."""
     hooks, units, failed = {}, {}, {}
     for name, engine in engines().items():
-        for world in PROBE_WORLDS:
-            key = hook_key(name, world)
-            try:
-                units[key], calls = _hooks_at(engine, world, device)
-            except _NoHooks:
-                break
-            except Exception as e:  # noqa: BLE001 - a library's failure under a fake group: skip it
-                failed[f"{key}'s hooks"] = why(e)
-                continue
-            hooks[key] = units[key] / calls
+        for variant, compiled in engine.hook_variants().items():
+            if compiled and device.type != "cuda":
+                continue  # Inductor's CPU code is not the Triton a GPU run launches
+            for world in PROBE_WORLDS:
+                key = hook_key(name, world, variant)
+                try:
+                    units[key], calls = _hooks_at(engine, world, device, variant)
+                except _NoHooks:
+                    break
+                except Exception as e:  # noqa: BLE001 - a library's failure under a fake group
+                    failed[f"{key}'s hooks"] = why(e)
+                    continue
+                hooks[key] = units[key] / calls
     return hooks, units, failed
 
 

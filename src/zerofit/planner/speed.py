@@ -200,29 +200,35 @@ def launches(m: ModelShape, w: Workload, s: Strategy) -> float:
     return L * block + forwards * forward + selective
 
 
-def hook_key(engine: str, world: int) -> str:
-    """`Hardware.host_hooks`'s key for `engine`'s hooks at `world` ranks: the engine's name
-    where ranks shard, "<name>@1" for a rank alone (a probe's other path)."""
-    return f"{engine}@1" if world == 1 else engine
+def hook_key(engine: str, world: int, variant: str = "") -> str:
+    """`Hardware.host_hooks`'s key for `engine`'s hooks at `world` ranks in a run of `variant`
+    (`Engine.hook_variants`): "<engine>[/<variant>]" where ranks shard, and "@1" after it for a
+    rank alone (a probe's other path)."""
+    name = f"{engine}/{variant}" if variant else engine
+    return f"{name}@1" if world == 1 else name
 
 
 def host_rates(
-    hw: Hardware | None, compiled: bool = False, engine: str | None = None, world: int = 2
+    hw: Hardware | None,
+    compiled: bool = False,
+    engine: str | None = None,
+    world: int = 2,
+    variant: str = "",
 ) -> tuple[float, float]:
-    """(seconds per kernel launch, seconds per hook call of `engine` at `world` ranks) on the
-    host: the machine's probed or given figures (`Hardware.host_launch_s`, or
-    `host_compiled_launch_s` for a compiled kernel where known; the engine's probed
-    `host_hooks` at that world size, or where ranks shard, else `host_hook_s`), else the
-    fitted constants."""
+    """(seconds per kernel launch, seconds per hook call of `engine` at `world` ranks in a run
+    of `variant`) on the host: the machine's probed or given figures (`Hardware.host_launch_s`,
+    or `host_compiled_launch_s` for a compiled kernel where known; the engine's probed
+    `host_hooks`: the variant's at that world size, else where ranks shard, else the plain
+    run's, as an older probe file has them; else `host_hook_s`), else the fitted constants."""
     if hw is None:
         return LAUNCH_SECONDS, HOOK_SECONDS
     launch = LAUNCH_SECONDS if hw.host_launch_s is None else hw.host_launch_s
     if compiled and hw.host_compiled_launch_s is not None:
         launch = hw.host_compiled_launch_s
     probed = dict(hw.host_hooks)
-    hook = probed.get(hook_key(engine or "", world), probed.get(engine or ""))
-    if hook is None:
-        hook = HOOK_SECONDS if hw.host_hook_s is None else hw.host_hook_s
+    tried = [(variant, world), (variant, 2), ("", world), ("", 2)]
+    found = [probed[k] for v, n in tried if (k := hook_key(engine or "", n, v)) in probed]
+    hook = found[0] if found else HOOK_SECONDS if hw.host_hook_s is None else hw.host_hook_s
     return launch, hook
 
 
@@ -231,7 +237,8 @@ def host_seconds(
 ) -> tuple[float, float]:
     """(host seconds a step that the GPU's work can hide, host seconds after backward that
     nothing hides): every micro-batch's launches and engine hooks; the step's engine hooks."""
-    launch, hook = host_rates(hw, s.compile, s.engine.name, w.world_size)
+    variant = s.engine.hook_variant(s.options, s.compile)
+    launch, hook = host_rates(hw, s.compile, s.engine.name, w.world_size, variant)
     calls = s.engine.host_calls(m, w, s.options)
     micro_batch = launches(m, w, s) * launch + calls.micro_batch * hook
     return micro_batch * w.grad_accum_steps, calls.step * hook

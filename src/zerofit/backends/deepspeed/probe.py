@@ -1,7 +1,7 @@
-"""DeepSpeed for the host probe (`zerofit.planner.host_probe`): ZeRO-3's hooks (a model handed to
+"""DeepSpeed for the host probe (`zerofit.planner.host_probe`): ZeRO's hooks (a model handed to
 `deepspeed.initialize` over the process group in use, the probe's fake one, so that a forward +
-backward runs ZeRO-3's Python fetch, release and gradient hooks as a bf16 run does), and the CPU
-Adam that optimizer offload steps."""
+backward runs ZeRO-3's Python fetch, release and gradient hooks, or ZeRO-2's gradient hooks, as
+a bf16 run does), and the CPU Adam that optimizer offload steps."""
 
 from __future__ import annotations
 
@@ -58,15 +58,18 @@ def _initialize(model: nn.Module, config: dict) -> Any:
         return deepspeed.initialize(model=model, config=config)[0]
 
 
-def zero3_for_probe(model: nn.Module) -> tuple[Callable[[torch.Tensor], None], int]:
-    """`model` under ZeRO-3 in bf16 (torch's AdamW: no op to build) as zerofit's runs configure
-    it, but for the persistence threshold (PERSIST: see there): a forward + backward, and the
-    hook calls of a block as `costs.host_calls` counts them (4 per module holding parameters,
-    and a gradient hook per trained tensor)."""
-    zero = {"stage": 3, "overlap_comm": True, "contiguous_gradients": True}
+def zero_for_probe(model: nn.Module, stage: int) -> tuple[Callable[[torch.Tensor], None], int]:
+    """`model` under ZeRO `stage` (3, or 2 for ZeRO-1/2's gradient hooks) in bf16 (torch's
+    AdamW: no op to build) as zerofit's runs configure it, but for ZeRO-3's persistence
+    threshold (PERSIST: see there): a forward + backward, and the hook calls of a block as
+    `costs.host_calls` counts them (ZeRO-3: 4 per module holding parameters and a gradient
+    hook per trained tensor; ZeRO-1/2: the gradient hooks)."""
+    zero = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
+    if stage == 3:
+        zero["stage3_param_persistence_threshold"] = PERSIST
     config = {
         "train_micro_batch_size_per_gpu": 1,
-        "zero_optimization": {**zero, "stage3_param_persistence_threshold": PERSIST},
+        "zero_optimization": zero,
         "communication_data_type": "fp32",
         "bf16": {"enabled": True},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
@@ -77,7 +80,7 @@ def zero3_for_probe(model: nn.Module) -> tuple[Callable[[torch.Tensor], None], i
         with _as_rank_zero():  # ZeRO-3 reads LOCAL_RANK in its hooks (the same in every step)
             engine.backward(engine(tokens).float().sum())
 
-    return step, 5 * BLOCK_LAYERS
+    return step, (5 if stage == 3 else 1) * BLOCK_LAYERS
 
 
 OFFLOAD_SHAPE = {"dim": 1024, "n_heads": 8, "n_kv_heads": 4, "ffn_dim": 2816, "vocab_size": 512}

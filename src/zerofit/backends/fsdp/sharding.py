@@ -14,6 +14,8 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
+from zerofit.distributed.parallelize import apply_compile
+
 
 def apply_fsdp(
     model: nn.Module,
@@ -60,9 +62,12 @@ def apply_fsdp(
     return units
 
 
-def shard_for_probe(model: nn.Module, blocks: nn.ModuleList) -> None:
+def shard_for_probe(model: nn.Module, blocks: nn.ModuleList, compiled: bool = False) -> None:
     """FSDP2 as a bf16 full-shard run applies it, over the process group in use (the host
-    probe's fake one), on the device `model` is on."""
+    probe's fake one), on the device `model` is on; `compiled`: each block compiled first, as a
+    compiled run does (`parallelize.apply_compile`, ahead of sharding)."""
+    if compiled:
+        apply_compile(blocks)
     device = next(model.parameters()).device.type
     mesh = init_device_mesh(device, (dist.get_world_size(),))
     kwargs = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32}
