@@ -46,6 +46,7 @@ from zerofit.bench.report import host_cpu
 from zerofit.distributed.parallelize import apply_compile
 from zerofit.errors import UserError
 from zerofit.models import build_model
+from zerofit.planner.fake_group import fake_group
 from zerofit.planner.optimizer_probe import optimizer_rates, why
 from zerofit.planner.speed import BLOCK_FUSED, BLOCK_KERNELS, hook_key
 
@@ -145,11 +146,8 @@ def _hooks_at(engine: Any, world: int, device: torch.device, variant: str) -> tu
         plain = lambda n: _compiled(n, device)  # noqa: E731
     else:
         plain = lambda n: _plain(_model(n, device).to(torch.bfloat16))  # noqa: E731
-    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=world)
-    try:
+    with fake_group(world):
         gaps = _gaps([plain, hooked], device)
-    finally:
-        dist.destroy_process_group()
     return max(0.0, statistics.median(mine - alone for alone, mine in gaps)), calls[0]
 
 
@@ -181,9 +179,6 @@ def probe() -> HostSpeed:
     """Times the host here (see the module docstring); UserError inside a distributed job."""
     if dist.is_initialized():
         raise UserError("--host-probe: run it outside a distributed job (a process group is up)")
-    # torch's fake process group, registered as the "fake" backend when this module is imported
-    from torch.testing._internal.distributed import fake_pg  # noqa: F401  # why: test backend
-
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     block = _per_block(lambda n: _plain(_model(n, device).to(torch.bfloat16)), device)
     compiled = None

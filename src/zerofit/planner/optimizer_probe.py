@@ -23,9 +23,9 @@ import os
 import statistics
 
 import torch
-import torch.distributed as dist
 
 from zerofit.backends import engines
+from zerofit.planner.fake_group import fake_group
 
 NUMEL, GROWTH, STEPS = 1 << 25, 3, 5  # 32 Mi parameters, then 96 Mi
 ADAM_BYTES = 7 * 4  # a parameter's fp32 bytes an Adam step streams (`offload_seconds`)
@@ -60,21 +60,17 @@ def optimizer_rates(
     """(host optimizer -> bytes/s, "<host optimizer>'s step" -> why it could not be timed), over
     `numel` parameters and GROWTH times as many (None: NUMEL, read when called)."""
     numel = numel or NUMEL
-    # torch's fake process group, registered as the "fake" backend when this module is imported
-    from torch.testing._internal.distributed import fake_pg  # noqa: F401  # why: test backend
-
     rates, failed = {}, {}
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or threads)
-    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        for engine in engines().values():
-            for key, make in engine.host_optimizers_for_probe().items():
-                try:
-                    rates[key] = _marginal_rate(make, numel, device)
-                except Exception as e:  # noqa: BLE001 - an op that cannot build: fitted rate
-                    failed[f"{key}'s step"] = why(e)
+        with fake_group(1):
+            for engine in engines().values():
+                for key, make in engine.host_optimizers_for_probe().items():
+                    try:
+                        rates[key] = _marginal_rate(make, numel, device)
+                    except Exception as e:  # noqa: BLE001 - an op that cannot build: fitted rate
+                        failed[f"{key}'s step"] = why(e)
     finally:
-        dist.destroy_process_group()
         torch.set_num_threads(threads)
     return rates, failed

@@ -17,6 +17,7 @@ from torch import nn
 
 from zerofit.backends.terms import BLOCK_LAYERS
 from zerofit.models import build_model
+from zerofit.models.shape import shape_from_preset
 from zerofit.report import quiet
 
 
@@ -93,10 +94,7 @@ def offload_step_for_probe(numel: int, device: torch.device) -> tuple[Callable[[
     runs a forward + backward, then times `engine.step()` alone and returns its seconds, the
     parameters it steps). Its C++ op builds here if it is not built."""
     shape = OFFLOAD_SHAPE
-    head = shape["dim"] // shape["n_heads"]
-    block = shape["dim"] * head * (2 * shape["n_heads"] + 2 * shape["n_kv_heads"])
-    block += 3 * shape["dim"] * shape["ffn_dim"] + 2 * shape["dim"]
-    layers = max(1, round(numel / block))
+    layers = max(1, round(numel / shape_from_preset("llama3-1b", shape).block_params))
     spec = build_model("llama3-1b", overrides={"n_layers": layers, **shape}, loss_chunk=0)
     model = spec.construct()
     config = {
