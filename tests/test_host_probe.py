@@ -52,6 +52,7 @@ def test_the_host_term_charges_the_machines_rates_when_given() -> None:
 def quick(monkeypatch: pytest.MonkeyPatch, steps: int, repeats: int) -> None:
     """The probe with fewer steps, and its optimizers over fewer parameters."""
     monkeypatch.setattr(host_probe, "WARMUP", 1)
+    monkeypatch.setattr(host_probe, "LAYERS", (1, 3))
     monkeypatch.setattr(host_probe, "CPU_STEPS", steps)
     monkeypatch.setattr(host_probe, "CPU_REPEATS", repeats)
     monkeypatch.setattr(optimizer_probe, "NUMEL", 1 << 20)
@@ -63,6 +64,7 @@ def with_engines(monkeypatch: pytest.MonkeyPatch, found: dict[str, object]) -> N
     monkeypatch.setattr(optimizer_probe, "engines", lambda: found)
 
 
+@pytest.mark.slow  # the probe itself, timed: the full suite's
 def test_the_probe_measures_host_time_added_to_each_unit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every FSDP2 unit made DELAY slower on the host (a forward pre-hook that sleeps): the
     probe's unit time rises by about DELAY, and its hook rate is that over the calls a unit
@@ -124,12 +126,16 @@ PROBE_IN_A_PROCESS = """
 import sys
 from zerofit.cli import main
 from zerofit.planner import host_probe, optimizer_probe
+from zerofit.backends.deepspeed import probe
 host_probe.WARMUP, host_probe.CPU_STEPS, host_probe.CPU_REPEATS = 1, 2, 3
-optimizer_probe.NUMEL, optimizer_probe.STEPS = 1 << 24, 2  # DeepSpeed's: 1 block, then 4
+host_probe.LAYERS = (1, 2)
+probe.OFFLOAD_SHAPE = host_probe.SHAPE  # blocks of 0.59 Mi parameters: DeepSpeed steps 1, then 3
+optimizer_probe.NUMEL, optimizer_probe.STEPS = 1 << 19, 2
 sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow  # the probe itself, timed: the full suite's
 def test_each_engine_is_probed_for_its_own_hooks_and_optimizer_step(tmp_path: Path) -> None:
     """ZeRO-3's hooks and its offloaded step are timed under DeepSpeed itself (fake process
     group, CPU accelerator here), alone and sharded, not charged at FSDP2's rate; a forecast
@@ -373,6 +379,7 @@ print(json.dumps({n: p.ds_persist for n, p in model.layers.named_parameters()}))
 """
 
 
+@pytest.mark.slow  # the probe itself, timed: the full suite's
 def test_the_probes_zero3_partitions_what_a_real_block_does(tmp_path: Path) -> None:
     """ZeRO-3 keeps small tensors gathered (its persistence threshold): in a real block only the
     norms. The probe's block is small, so it sets a threshold under which only its norms fall,
