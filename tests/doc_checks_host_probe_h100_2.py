@@ -124,3 +124,63 @@ HOST_PROBE_H100_2.update(
         "host-probe-h100-3-probe": ([CALL3 + "host-probe.json"], probe3_table, 1),
     }
 )
+
+
+CALL4 = "2026-12-06-host-probe-h100-4/"
+
+
+def probe4_table() -> dict[str, list]:
+    """The fourth call's probe: us per launch (eager, compiled); us per hook call, a rank alone
+    then sharded, of eager and compiled FSDP2, ZeRO-3, ZeRO-1/2; GB/s of each host optimizer."""
+    hw = json.loads((DATA / CALL4 / "host-probe.json").read_text())["hardware"]
+    hooks, adam = hw["host_hooks_us"], hw["host_adam_gb_per_s"]
+    kinds = ("fsdp", "fsdp/compiled", "deepspeed", "deepspeed/zero12")
+    return {
+        "before the runs": [
+            hw["host_launch_us"],
+            hw["host_compiled_launch_us"],
+            *[[hooks[f"{k}@1"], hooks[k]] for k in kinds],
+            adam["fsdp fused"],
+            adam["fsdp foreach"],
+            adam["deepspeed offload step"],
+        ]
+    }
+
+
+def as_called4() -> dict[str, list]:
+    """Per run as the call forecast it (its heldout-forecast.json, the planner at 6b9f4ea):
+    measured s, forecast s, error %, memory error %."""
+    rows = json.loads((DATA / CALL4 / "heldout-forecast.json").read_text())
+    out = {}
+    for r in rows:
+        err = r["forecast_step_s"] / r["measured_step_s"] - 1
+        memory = r["forecast_alloc_gib"] / r["measured_alloc_gib"] - 1
+        out[r["run"].split(":", 1)[1]] = [
+            r["measured_step_s"],
+            r["forecast_step_s"],
+            100 * err,
+            100 * memory,
+        ]
+    return out
+
+
+def as_called4_summary() -> list[str]:
+    rows = as_called4().values()
+    hits = sum(abs(err) <= 10 for _, _, err, _ in rows)
+    memory = sum(abs(mem) <= 5 for _, _, _, mem in rows)
+    return [f"{hits} of {len(rows)} within 10%", f"memory within 5% in {memory} of {len(rows)}"]
+
+
+HOST_PROBE_H100_2.update(
+    {
+        "host-probe-h100-4-probe": ([CALL4 + "host-probe.json"], probe4_table, 1),
+        "host-probe-h100-4-called": ([CALL4 + "heldout-forecast.json"], as_called4, 1),
+        "host-probe-h100-4-called-summary": (
+            [CALL4 + "heldout-forecast.json"],
+            as_called4_summary,
+            1,
+        ),
+        "host-probe-h100-4": ([CALL4 + "all-results.json"], runs_table(CALL4), 1),
+        "host-probe-h100-4-summary": ([CALL4 + "all-results.json"], runs_summary(CALL4), 1),
+    }
+)

@@ -43,6 +43,7 @@ from zerofit.checkpoint.safe_load import (
     load_dcp_metadata,
     load_torch_file,
 )
+from zerofit.errors import DamagedFile
 
 # ----------------------------------------------------------------------------- hand-made pickles
 
@@ -554,3 +555,19 @@ def test_torch_files_are_read_weights_only_and_memory_mapped(
         (True, True, "cpu"),
         (True, False, "meta"),
     ]
+
+
+def test_a_damage_line_under_a_long_path_keeps_the_reason() -> None:
+    """However long the checkpoint's path, the line keeps enough of the reason to say what is
+    wrong (a run folder under a deep temporary directory cut torch's "failed reading zip archive"
+    to "failed reading zip...")."""
+    deep = Path("/tmp") / ("d" * 150) / "run" / "checkpoints" / "step_00000010"
+    why = (
+        "could not be read: PytorchStreamReader failed reading zip archive: failed finding central"
+    )
+    line = DamagedFile(deep / "model" / "__0_0.distcp", why).line(deep)
+    assert (
+        "model/__0_0.distcp could not be read: PytorchStreamReader failed reading zip archive"
+        in line
+    )
+    assert "\n" not in line

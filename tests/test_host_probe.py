@@ -66,9 +66,11 @@ def with_engines(monkeypatch: pytest.MonkeyPatch, found: dict[str, object]) -> N
 
 @pytest.mark.slow  # the probe itself, timed: the full suite's
 def test_the_probe_measures_host_time_added_to_each_unit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every FSDP2 unit made DELAY slower on the host (a forward pre-hook that sleeps): the
-    probe's unit time rises by about DELAY, and its hook rate is that over the calls a unit
-    counts as. Sleep cannot be shorter than asked, so the lower bound holds on a busy host."""
+    """Every FSDP2 unit made 2 x DELAY slower on the host (a forward pre-hook that sleeps): the
+    probe's unit time rises by about that, and its hook rate is that over the calls a unit
+    counts as. Sleep cannot be shorter than asked, but the plain models' time is subtracted, and
+    on a busy host it varies by tens of ms: loose below too (0.6x; 0.63x was seen under xdist's
+    two workers on two cores, with a sleep of DELAY)."""
     quick(monkeypatch, 3, 3)
     fsdp = engines()["fsdp"]
 
@@ -76,7 +78,7 @@ def test_the_probe_measures_host_time_added_to_each_unit(monkeypatch: pytest.Mon
         def hook_for_probe(self, model: torch.nn.Module, blocks: torch.nn.ModuleList) -> tuple:
             step, calls = fsdp.hook_for_probe(model, blocks)  # type: ignore[misc]
             for block in blocks:
-                block.register_forward_pre_hook(lambda *_: time.sleep(DELAY))
+                block.register_forward_pre_hook(lambda *_: time.sleep(2 * DELAY))
             return step, calls
 
         def hook_variants(self) -> dict:
@@ -89,7 +91,7 @@ def test_the_probe_measures_host_time_added_to_each_unit(monkeypatch: pytest.Mon
     found = host_probe.probe()
     assert list(found.units) == ["fsdp@1", "fsdp"]  # alone, sharded; DDP has no hooks to time
     for key in found.units:  # loose above: a busy host stretches every sleep and hook (1.9x seen)
-        assert 0.8 * DELAY < found.units[key] < 3 * DELAY, found
+        assert 0.6 * 2 * DELAY < found.units[key] < 3 * 2 * DELAY, found
         assert found.hooks[key] == pytest.approx(found.units[key] / (4 * BLOCK_LAYERS))
     assert found.launch_s == pytest.approx(found.block_s / speed.BLOCK_KERNELS)
     assert found.launch_s > 0 and "CPU" in found.where
@@ -392,3 +394,18 @@ def test_the_probes_zero3_partitions_what_a_real_block_does(tmp_path: Path) -> N
     norms = {name for name in persists if "norm" in name}
     assert norms and all(persists[name] for name in norms)
     assert not any(persists[name] for name in set(persists) - norms), persists
+
+
+def test_zero1_hooks_reduce_on_the_accumulation_boundary_only() -> None:
+    """DeepSpeed's ZeRO-1 gradient hooks reduce only on a step's last micro-batch (earlier ones
+    return after one check); ZeRO-2's reduce every micro-batch. At 2 micro-batches a step
+    ZeRO-1 is charged half ZeRO-2's micro-batch hooks, at 1 the same; their step walks alike."""
+    m = shape_from_preset("llama3-1b")
+    for accum, share in ((2, 0.5), (1, 1.0)):
+        w = Workload(1, 512, 1, grad_accum_steps=accum, master_dtype="bf16")
+        calls = {}
+        for stage in (1, 2):
+            s = Strategy.of("deepspeed", stage=stage, compile=False)
+            calls[stage] = s.engine.host_calls(m, w, s.options)  # type: ignore[attr-defined]
+        assert calls[1].micro_batch == pytest.approx(share * calls[2].micro_batch)
+        assert calls[1].step == calls[2].step > 0

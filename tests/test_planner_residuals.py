@@ -51,6 +51,9 @@ MOVES_AWAY = {
     # its fixed cost counted as streaming): +38.9% against the fitted rate's +17.9%; the probe
     # has since taken the difference of two sizes (docs/benchmarks/2026-12-06-host-probe-h100-2.md)
     "2026-12-06-host-probe-h100-3/all-results.json:zero3 optim cpu eager 1x1024 x2",
+    # the fourth call's ZeRO-3 + CPU optimizer in bf16 states, within 10% either way: -0.6% with
+    # the roofline, +2.7% with the probed two-size step rate (27.2 GB/s)
+    "2026-12-06-host-probe-h100-4/all-results.json:zero3 optim cpu bf16 eager 2x1",
 }
 
 

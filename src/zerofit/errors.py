@@ -42,9 +42,9 @@ class DamagedFile(UnsafeCheckpointError):
 
 def one_line(head: str, reason: str) -> str:
     """``head`` + the first line and sentence of ``reason``, cut to about LINE_CHARS in all (the
-    reason keeps 60 characters whatever the length of ``head``)."""
+    reason keeps 80 characters whatever the length of ``head``)."""
     text = " ".join(reason.split()).split(". ")[0]
-    room = max(LINE_CHARS - len(head), 60)
+    room = max(LINE_CHARS - len(head), 80)
     return head + (text if len(text) <= room else text[: room - 3] + "...")
 
 

@@ -306,11 +306,15 @@ def elements(n: int) -> str:
 def host_calls(m: ModelShape, w: Workload, opts: DeepSpeedOptions) -> HostCalls:
     """DeepSpeed's Python hooks (`zerofit.planner.speed.host_seconds`). ZeRO-3: every module
     holding parameters fetches them before forward and backward and releases them after (4
-    calls), and every trained tensor's gradient hook reduces it; ZeRO-1/2: the gradient hooks
-    each micro-batch, and ZERO12_STEP_PASSES walks over the trained tensors each step."""
+    calls), and every trained tensor's gradient hook reduces it; ZeRO-2: the gradient hooks
+    each micro-batch; ZeRO-1: the same on the step's last micro-batch only (its hooks reduce
+    only at the accumulation boundary: `reduce_ready_partitions_and_remove_grads` in
+    DeepSpeed's stage_1_and_2.py, where a hook of an earlier micro-batch returns after one
+    check); ZeRO-1/2: ZERO12_STEP_PASSES walks over the trained tensors each step."""
     root = 2 if m.tied_embeddings else 3
     trained = trained_tensors(m.n_layers, root, w)
     if opts.stage == 3:
         modules = m.n_layers * block_tensors(w) + root
         return HostCalls(4 * modules + trained)
-    return HostCalls(trained, ZERO12_STEP_PASSES * trained)
+    reducing = 1 / w.grad_accum_steps if opts.stage == 1 else 1.0  # a share of micro-batches
+    return HostCalls(trained * reducing, ZERO12_STEP_PASSES * trained)
