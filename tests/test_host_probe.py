@@ -75,8 +75,10 @@ def test_the_probe_measures_host_time_added_to_each_unit(monkeypatch: pytest.Mon
     fsdp = engines()["fsdp"]
 
     class Slowed:
-        def hook_for_probe(self, model: torch.nn.Module, blocks: torch.nn.ModuleList) -> tuple:
-            step, calls = fsdp.hook_for_probe(model, blocks)  # type: ignore[misc]
+        def hook_for_probe(
+            self, model: torch.nn.Module, blocks: torch.nn.ModuleList, variant: str
+        ) -> tuple:
+            step, calls = fsdp.hook_for_probe(model, blocks, variant)  # type: ignore[misc]
             for block in blocks:
                 block.register_forward_pre_hook(lambda *_: time.sleep(2 * DELAY))
             return step, calls
@@ -105,7 +107,9 @@ def test_an_engine_whose_probe_fails_keeps_the_fitted_rate(monkeypatch: pytest.M
     quick(monkeypatch, 2, 1)
 
     class Broken:
-        def hook_for_probe(self, model: torch.nn.Module, blocks: torch.nn.ModuleList) -> tuple:
+        def hook_for_probe(
+            self, model: torch.nn.Module, blocks: torch.nn.ModuleList, variant: str
+        ) -> tuple:
             raise RuntimeError("no such collective\nsecond line")
 
         def hook_variants(self) -> dict:
@@ -287,9 +291,7 @@ def test_a_compiled_runs_hooks_are_timed_against_compiled_blocks(
     fsdp = engines()["fsdp"]
 
     class Traced:
-        def hook_for_probe(
-            self, model: torch.nn.Module, blocks: object, variant: str = ""
-        ) -> tuple:
+        def hook_for_probe(self, model: torch.nn.Module, blocks: object, variant: str) -> tuple:
             assert variant == "traced"
             return fsdp.hook_for_probe(model, blocks)  # type: ignore[misc]
 
@@ -370,13 +372,12 @@ def test_compiled_kernels_launch_at_their_own_rate_where_known(
 ZERO3_PERSISTS = """
 import json
 import torch
-import torch.distributed as dist
-from torch.testing._internal.distributed import fake_pg  # noqa: F401
 from zerofit.backends.deepspeed.probe import zero_for_probe
 from zerofit.planner import host_probe
-dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=2)
-model = host_probe._model(2, torch.device("cpu"))
-zero_for_probe(model, 3)
+from zerofit.planner.fake_group import fake_group
+with fake_group(2):
+    model = host_probe._model(2, torch.device("cpu"))
+    zero_for_probe(model, 3)
 print(json.dumps({n: p.ds_persist for n, p in model.layers.named_parameters()}))
 """
 

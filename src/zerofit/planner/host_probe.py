@@ -135,8 +135,7 @@ def _hooks_at(engine: Any, world: int, device: torch.device, variant: str) -> tu
 
     def hooked(layers: int) -> Step:
         model = _model(layers, device)
-        args = (variant,) if variant else ()  # the plain run's: as `hook_for_probe` defaults
-        found = engine.hook_for_probe(model, model.layers, *args)
+        found = engine.hook_for_probe(model, model.layers, variant)
         if found is None:
             raise _NoHooks
         calls.append(found[1])

@@ -14,7 +14,8 @@ charges, `Hardware.adam_bw`) over the extra seconds the extra parameters took, e
 median of STEPS steps after one. A step's fixed cost (DeepSpeed's Python around its
 sub-groups) does not grow with the parameters: timed whole at one size, the step read as 24.8
 GB/s on an H100 machine where a run's step, less the rest of its forecast, streamed about 41
-(docs/benchmarks/2026-12-06-host-probe-h100-2.md). The two-size rate has not run on a GPU yet.
+(docs/benchmarks/2026-12-06-host-probe-h100-2.md). The two-size rate read 27.2 GB/s on another
+H100 machine, and its held-out ZeRO-3 offload run was forecast +2.7% (same write-up).
 """
 
 from __future__ import annotations

@@ -42,9 +42,9 @@ def _as_rank_zero() -> Iterator[None]:
 # zerofit keeps) gathered for good: in a real model's block only the norms. The probe's blocks
 # are small (hidden 256: its attention matrices have 32-65 Ki elements), so at the default its
 # attention would persist and skip the fetch and release paths that a run's take. Below its
-# smallest matrix and above its norms, the probe's block partitions what a real one does (on an
-# H100 the probe read ZeRO-3's hook calls at 1.5-2x what runs showed before this; the effect of
-# the change there is not measured yet, and this project's CPU machine is too noisy to say).
+# smallest matrix and above its norms, the probe's block partitions what a real one does. On an
+# H100 the probe read ZeRO-3's hook calls at 1.5-2x what runs showed before this, and still at
+# ~1.3x after it (238 us against ~185: docs/benchmarks/2026-12-06-host-probe-h100-2.md).
 PERSIST = 1000
 
 

@@ -94,6 +94,9 @@ def fp16_supported() -> bool:
     return bool(get_accelerator().is_fp16_supported())
 
 
+ZERO12 = "zero12"  # `hook_variants`: ZeRO-1/2 runs, whose gradient hooks alone are probed
+
+
 class DeepSpeed(Engine[DeepSpeedOptions]):
     name = "deepspeed"
     options = DeepSpeedOptions
@@ -353,15 +356,15 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
             from zerofit.backends.deepspeed.probe import zero_for_probe  # optional: deepspeed
         except ImportError:
             return None
-        return zero_for_probe(model, 2 if variant == "zero12" else 3)  # in bf16, its calls a block
+        return zero_for_probe(model, 2 if variant == ZERO12 else 3)  # in bf16, its calls a block
 
     def hook_variants(self) -> dict[str, bool]:
         """ZeRO-3's fetch, release and gradient hooks; ZeRO-1/2's gradient hooks alone, which
         cost less a call (on the H100, 2026-12-06, ZeRO-2 at ZeRO-3's rate forecast +19.9%)."""
-        return {"": False, "zero12": False}
+        return {"": False, ZERO12: False}
 
     def hook_variant(self, opts: DeepSpeedOptions, compiled: bool) -> str:
-        return "" if opts.stage == 3 else "zero12"
+        return "" if opts.stage == 3 else ZERO12
 
     def host_optimizers_for_probe(self) -> dict[str, Callable[..., Any]]:
         try:
