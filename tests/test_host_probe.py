@@ -135,8 +135,9 @@ from zerofit.planner import host_probe, optimizer_probe
 from zerofit.backends.deepspeed import probe
 host_probe.WARMUP, host_probe.CPU_STEPS, host_probe.CPU_REPEATS = 1, 2, 3
 host_probe.LAYERS = (1, 2)
-probe.OFFLOAD_SHAPE = host_probe.SHAPE  # blocks of 0.59 Mi parameters: DeepSpeed steps 1, then 3
-optimizer_probe.NUMEL, optimizer_probe.STEPS = 1 << 19, 2
+probe.OFFLOAD_SHAPE = host_probe.SHAPE  # blocks of 0.59 Mi parameters: DeepSpeed steps 7, then 21
+# 4 Mi parameters, then 12 Mi: at 0.5 Mi a busy CPU's noise hid the fused AdamW's growth
+optimizer_probe.NUMEL, optimizer_probe.STEPS = 1 << 22, 2
 sys.exit(main(sys.argv[1:]))
 """
 
