@@ -39,7 +39,7 @@ run() {  # run NAME TIMEOUT ARGS...: one bench group, skipped when the deadline 
   if [ "$(left)" -lt "$limit" ]; then limit=$(left); fi
   if [ "$limit" -lt 45 ]; then echo "== $name: skipped, out of time"; return; fi
   echo "== $name (at most ${limit}s, $(left)s left)"
-  zf_bench "$name" "$limit" 3 4 "${base[@]}" "$@"
+  zf_bench "$name" "$limit" 3 "${STEPS:-4}" "${base[@]}" "$@"  # STEPS=10: steadier medians
 }
 
 # The host's launch and hook rates, timed on this machine (`zerofit plan --host-probe`), before
@@ -63,6 +63,37 @@ run new3-fsdp-offload 90 --model.preset llama3-1b --model.seq_len 2048 \
   --variant "fsdp cpu offload eager 2x1: train.micro_batch_size=2 train.grad_accum_steps=1 precision.master_dtype=fp32 parallel.backend=fsdp parallel.fsdp.cpu_offload=true parallel.compile=false"
 run new4-fsdp-c29 75 --model.preset llama3-1b --model.overrides "$s29" --model.seq_len 512 \
   --variant "fsdp compiled 1x512 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=fsdp parallel.compile=true"
+# The fifth call's (2026-12-07, after ZeRO-1's hooks were counted on the accumulation boundary
+# only), none run before; the profiled ones profile 2 steps after the timed ones (their time
+# breakdown: whether the GPU or the host decides a compiled DDP step):
+#   new5-ddp-c21       DDP compiled, the 2.1B shape at 1 x 512 x 2, profiled
+#   new5-zero1-29      ZeRO-1 eager, the 2.9B shape at 1 x 512 x 4: hooks on the boundary only
+#   new3-ddp-compiled  again (profiled, not held out: the fourth call ran it) as new5-ddp-c15p
+run new5-ddp-c21 75 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 512 --profile 2 \
+  --variant "ddp compiled 1x512 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=ddp parallel.compile=true"
+run new5-ddp-c15p 75 --model.preset llama3-1b --model.seq_len 1024 --profile 2 \
+  --variant "ddp compiled 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=ddp parallel.compile=true"
+# The sixth call's (2026-12-07, after the offloaded AdamW's probe took in the clipping, and
+# ZeRO-1's hooks off the accumulation boundary were probed), none run before:
+#   new6-offload-21    FSDP2 CPU offload eager, the 2.1B shape at 1 x 2048: the host step's probe
+#   new6-ddp-c29       DDP compiled, the 2.9B shape at 1 x 512 x 2
+#   new6-fsdp-c21x3    FSDP2 compiled, the 2.1B shape at 1 x 1024 x 3
+#   new6-zero1-21x3    ZeRO-1 eager, the 2.1B shape at 1 x 512 x 3: hooks off the boundary
+#   new6-zero1-15x4    ZeRO-1 eager, llama3-1b at 1 x 1024 x 4
+#   new6-zero3-15x3    ZeRO-3 eager, llama3-1b at 1 x 512 x 3
+run new6-offload-21 100 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 2048 \
+  --variant "fsdp cpu offload eager 1x1: train.micro_batch_size=1 train.grad_accum_steps=1 precision.master_dtype=fp32 parallel.backend=fsdp parallel.fsdp.cpu_offload=true parallel.compile=false"
+run new6-ddp-c29 75 --model.preset llama3-1b --model.overrides "$s29" --model.seq_len 512 \
+  --variant "ddp compiled 1x512 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=ddp parallel.compile=true"
+run new6-fsdp-c21x3 75 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 1024 \
+  --variant "fsdp compiled 1x1024 x3: train.micro_batch_size=1 train.grad_accum_steps=3 precision.master_dtype=bf16 parallel.backend=fsdp parallel.compile=true"
+wait
+run new6-zero1-21x3 60 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 512 \
+  --variant "zero1 eager 1x512 x3: train.micro_batch_size=1 train.grad_accum_steps=3 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=1 parallel.compile=false"
+run new6-zero1-15x4 60 --model.preset llama3-1b --model.seq_len 1024 \
+  --variant "zero1 eager 1x1024 x4: train.micro_batch_size=1 train.grad_accum_steps=4 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=1 parallel.compile=false"
+run new6-zero3-15x3 60 --model.preset llama3-1b --model.seq_len 512 \
+  --variant "zero3 eager 1x512 x3: train.micro_batch_size=1 train.grad_accum_steps=3 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.compile=false"
 wait
 run new4-zero1-21 60 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 512 \
   --variant "zero1 eager 1x512 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=1 parallel.compile=false"
@@ -70,6 +101,8 @@ run new4-zero3-29 60 --model.preset llama3-1b --model.overrides "$s29" --model.s
   --variant "zero3 eager 1x512 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.compile=false"
 run new3-zero2-21 60 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 512 \
   --variant "zero2 eager 1x512 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=2 parallel.compile=false"
+run new5-zero1-29 60 --model.preset llama3-1b --model.overrides "$s29" --model.seq_len 512 \
+  --variant "zero1 eager 1x512 x4: train.micro_batch_size=1 train.grad_accum_steps=4 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=1 parallel.compile=false"
 run new3-zero3-cpu-bf16 90 --model.preset llama3-1b --model.seq_len 2048 \
   --variant "zero3 optim cpu bf16 eager 2x1: train.micro_batch_size=2 train.grad_accum_steps=1 precision.master_dtype=bf16 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.deepspeed.offload_optimizer=cpu parallel.compile=false"
 # Four new configurations (2026-12-06, after the probe was built), none in any earlier file:

@@ -54,6 +54,10 @@ MOVES_AWAY = {
     # the fourth call's ZeRO-3 + CPU optimizer in bf16 states, within 10% either way: -0.6% with
     # the roofline, +2.7% with the probed two-size step rate (27.2 GB/s)
     "2026-12-06-host-probe-h100-4/all-results.json:zero3 optim cpu bf16 eager 2x1",
+    # the fifth call's FSDP2 CPU offload: its probe timed AdamW without the clipping a run's host
+    # step also does (106-156 GB/s): -37.9%, against the fitted rate's +7.6%; the probe has
+    # since timed both (docs/benchmarks/2026-12-07-host-probe-h100-5.md)
+    "2026-12-07-host-probe-h100-5/all-results.json:fsdp cpu offload eager 2x1",
 }
 
 

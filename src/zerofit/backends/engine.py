@@ -194,9 +194,10 @@ class Engine(Generic[OptionsT]):
         blocks, on a GPU only). "" is the engine's plain eager run."""
         return {"": False}
 
-    def hook_variant(self, opts: OptionsT, compiled: bool) -> str:
+    def hook_variant(self, opts: OptionsT, compiled: bool, accumulating: bool = False) -> str:
         """Which of `hook_variants` a run with `opts` (compiled or not) is: its probed hook rate
-        is that variant's (`zerofit.planner.speed.host_rates`)."""
+        is that variant's (`zerofit.planner.speed.host_rates`); `accumulating`: the variant of
+        its micro-batches before the step's last (`HostCalls.accumulating`)."""
         return ""
 
     def host_optimizers_for_probe(self) -> dict[str, Callable[..., Any]]:

@@ -214,19 +214,21 @@ def host_rates(
     engine: str | None = None,
     world: int = 2,
     variant: str = "",
+    fallback: str = "",
 ) -> tuple[float, float]:
     """(seconds per kernel launch, seconds per hook call of `engine` at `world` ranks in a run
     of `variant`) on the host: the machine's probed or given figures (`Hardware.host_launch_s`,
     or `host_compiled_launch_s` for a compiled kernel where known; the engine's probed
-    `host_hooks`: the variant's at that world size, else where ranks shard, else the plain
-    run's, as an older probe file has them; else `host_hook_s`), else the fitted constants."""
+    `host_hooks`: the variant's at that world size, else where ranks shard, else the same of
+    the `fallback` variant, then of the plain run, as an older probe file has them; else
+    `host_hook_s`), else the fitted constants."""
     if hw is None:
         return LAUNCH_SECONDS, HOOK_SECONDS
     launch = LAUNCH_SECONDS if hw.host_launch_s is None else hw.host_launch_s
     if compiled and hw.host_compiled_launch_s is not None:
         launch = hw.host_compiled_launch_s
     probed = dict(hw.host_hooks)
-    tried = [(variant, world), (variant, 2), ("", world), ("", 2)]
+    tried = [(v, n) for v in (variant, fallback, "") for n in (world, 2)]
     found = [probed[k] for v, n in tried if (k := hook_key(engine or "", n, v)) in probed]
     hook = found[0] if found else HOOK_SECONDS if hw.host_hook_s is None else hw.host_hook_s
     return launch, hook
@@ -236,12 +238,21 @@ def host_seconds(
     m: ModelShape, w: Workload, s: Strategy, hw: Hardware | None = None
 ) -> tuple[float, float]:
     """(host seconds a step that the GPU's work can hide, host seconds after backward that
-    nothing hides): every micro-batch's launches and engine hooks; the step's engine hooks."""
-    variant = s.engine.hook_variant(s.options, s.compile)
-    launch, hook = host_rates(hw, s.compile, s.engine.name, w.world_size, variant)
-    calls = s.engine.host_calls(m, w, s.options)
-    micro_batch = launches(m, w, s) * launch + calls.micro_batch * hook
-    return micro_batch * w.grad_accum_steps, calls.step * hook
+    nothing hides): every micro-batch's launches and engine hooks (those before the step's last
+    at the engine's accumulating rate, where it has one: `HostCalls.accumulating`); the step's
+    engine hooks."""
+    engine, name = s.engine, s.engine.name
+    variant = engine.hook_variant(s.options, s.compile)
+    launch, hook = host_rates(hw, s.compile, name, w.world_size, variant)
+    calls = engine.host_calls(m, w, s.options)
+    issue = launches(m, w, s) * launch
+    last = issue + calls.micro_batch * hook
+    before = last
+    if calls.accumulating is not None:
+        quiet = engine.hook_variant(s.options, s.compile, accumulating=True)
+        _, off = host_rates(hw, s.compile, name, w.world_size, quiet, variant)
+        before = issue + calls.accumulating * off
+    return last + before * (w.grad_accum_steps - 1), calls.step * hook
 
 
 def predict(m: ModelShape, w: Workload, s: Strategy, hw: Hardware) -> Speed:

@@ -46,6 +46,7 @@ def _as_rank_zero() -> Iterator[None]:
 # H100 the probe read ZeRO-3's hook calls at 1.5-2x what runs showed before this, and still at
 # ~1.3x after it (238 us against ~185: docs/benchmarks/2026-12-06-host-probe-h100-2.md).
 PERSIST = 1000
+ACCUMULATING = 1 << 20  # accumulation steps of a probe that stays off the boundary
 
 
 def _initialize(model: nn.Module, config: dict) -> Any:
@@ -59,23 +60,32 @@ def _initialize(model: nn.Module, config: dict) -> Any:
         return deepspeed.initialize(model=model, config=config)[0]
 
 
-def zero_for_probe(model: nn.Module, stage: int) -> tuple[Callable[[torch.Tensor], None], int]:
-    """`model` under ZeRO `stage` (3, or 2 for ZeRO-1/2's gradient hooks) in bf16 (torch's
+def zero_for_probe(
+    model: nn.Module, stage: int, boundary: bool = True
+) -> tuple[Callable[[torch.Tensor], None], int]:
+    """`model` under ZeRO `stage` (3, 2 for ZeRO-1/2's gradient hooks, or 1) in bf16 (torch's
     AdamW: no op to build) as zerofit's runs configure it, but for ZeRO-3's persistence
     threshold (PERSIST: see there): a forward + backward, and the hook calls of a block as
     `costs.host_calls` counts them (ZeRO-3: 4 per module holding parameters and a gradient
-    hook per trained tensor; ZeRO-1/2: the gradient hooks)."""
+    hook per trained tensor; ZeRO-1/2: the gradient hooks). Each backward is the accumulation
+    boundary, or with `boundary` False none is: DeepSpeed's boundary is micro-step + 1 a
+    multiple of its accumulation steps, and the probe never steps, so ACCUMULATING steps keep
+    it off."""
     zero = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
     if stage == 3:
         zero["stage3_param_persistence_threshold"] = PERSIST
     config = {
         "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1 if boundary else ACCUMULATING,
         "zero_optimization": zero,
         "communication_data_type": "fp32",
         "bf16": {"enabled": True},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
     }
     engine = _initialize(model, config)
+
+    if engine.is_gradient_accumulation_boundary() != boundary:
+        raise RuntimeError(f"DeepSpeed's accumulation boundary is not {boundary} here")
 
     def step(tokens: torch.Tensor) -> None:
         with _as_rank_zero():  # ZeRO-3 reads LOCAL_RANK in its hooks (the same in every step)

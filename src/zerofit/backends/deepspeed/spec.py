@@ -42,14 +42,17 @@ from zerofit.backends.deepspeed.costs import (
     ADAM_KEY,
     CPU_ADAM_BW,
     FINE_SUB_GROUP_SIZE,
+    HOOK_VARIANTS,
     RATIO_STEP,
     SUB_GROUP_SIZE,
     NvmeTerms,
     cpu_share,
     elements,
+    hook_variant,
     host_calls,
     nvme_terms,
     offloaded,
+    probed_stage,
     stage3_phases,
     stage12_phases,
 )
@@ -92,9 +95,6 @@ def fp16_supported() -> bool:
     except ImportError:
         return True
     return bool(get_accelerator().is_fp16_supported())
-
-
-ZERO12 = "zero12"  # `hook_variants`: ZeRO-1/2 runs, whose gradient hooks alone are probed
 
 
 class DeepSpeed(Engine[DeepSpeedOptions]):
@@ -356,15 +356,17 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
             from zerofit.backends.deepspeed.probe import zero_for_probe  # optional: deepspeed
         except ImportError:
             return None
-        return zero_for_probe(model, 2 if variant == ZERO12 else 3)  # in bf16, its calls a block
+        return zero_for_probe(model, *probed_stage(variant))
 
     def hook_variants(self) -> dict[str, bool]:
-        """ZeRO-3's fetch, release and gradient hooks; ZeRO-1/2's gradient hooks alone, which
-        cost less a call (on the H100, 2026-12-06, ZeRO-2 at ZeRO-3's rate forecast +19.9%)."""
-        return {"": False, ZERO12: False}
+        """ZeRO-3's hooks; ZeRO-1/2's gradient hooks alone (at ZeRO-3's rate, ZeRO-2 came out
+        +19.9% on the H100, 2026-12-06); ZeRO-1's off the accumulation boundary."""
+        return dict(HOOK_VARIANTS)
 
-    def hook_variant(self, opts: DeepSpeedOptions, compiled: bool) -> str:
-        return "" if opts.stage == 3 else ZERO12
+    def hook_variant(
+        self, opts: DeepSpeedOptions, compiled: bool, accumulating: bool = False
+    ) -> str:
+        return hook_variant(opts, accumulating)  # costs.hook_variant
 
     def host_optimizers_for_probe(self) -> dict[str, Callable[..., Any]]:
         try:

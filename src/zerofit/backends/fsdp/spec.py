@@ -169,7 +169,7 @@ class FSDP(Engine[FSDPOptions]):
         compiled call slightly cheaper (84 us against 95); each kind is charged its own."""
         return {"": False, "compiled": True}
 
-    def hook_variant(self, opts: FSDPOptions, compiled: bool) -> str:
+    def hook_variant(self, opts: FSDPOptions, compiled: bool, accumulating: bool = False) -> str:
         return "compiled" if compiled else ""
 
     def host_optimizers_for_probe(self) -> dict[str, Callable[..., Any]]:
