@@ -47,9 +47,11 @@ run() {  # run NAME TIMEOUT ARGS...: one bench group, skipped when the deadline 
 # (planner_corpus.probed_host); the second says how much the probe moves within one call.
 probe() { python3 -m zerofit.cli plan --preset llama3-1b --gpus 1 --host-probe --json > "$1" 2> "$1.log" || tail -3 "$1.log"; }
 probe "$root/host-probe.json"
-# DeepSpeed's fused and CPU Adam build while the first runs (torch-only) go, on 4 of the cores
-# at the lowest priority: the host's speed is what these runs measure
-MAX_JOBS=4 taskset -c 12-15 nice -n 19 bash -c "source $(dirname "$0")/bench_lib.sh; root=$root; zf_prebuild" &
+# DeepSpeed's fused and CPU Adam build before any run, on every core: built beside the first
+# (torch-only) runs, as the calls up to the fifth did, they shared the host those runs' speed
+# depends on (the fourth call's first run, compiled DDP, measured 0.083 s; the same config
+# 0.068 s in the fifth, as its third run). The `wait`s below now return at once.
+[ "${PREBUILD:-1}" = 1 ] && MAX_JOBS=16 zf_prebuild  # PREBUILD=0: no run needs FusedAdam
 # The fourth call's (2026-12-06, after ZeRO-1/2's and compiled FSDP2's hooks were probed apart,
 # the offloaded step's rate taken from two sizes, and the ZeRO-3 probe's persistence set): four
 # of the third call's configurations that did not run then, and three new ones, none run before.
@@ -81,6 +83,16 @@ run new5-ddp-c15p 75 --model.preset llama3-1b --model.seq_len 1024 --profile 2 \
 #   new6-zero1-21x3    ZeRO-1 eager, the 2.1B shape at 1 x 512 x 3: hooks off the boundary
 #   new6-zero1-15x4    ZeRO-1 eager, llama3-1b at 1 x 1024 x 4
 #   new6-zero3-15x3    ZeRO-3 eager, llama3-1b at 1 x 512 x 3
+# The seventh call's (2026-12-07, after the probe timed PCIe), none run before:
+#   new7-offload-29    FSDP2 CPU offload eager, the 2.9B shape at 1 x 1024
+#   new7-offload-15x2  FSDP2 CPU offload eager, llama3-1b at 1 x 1024 x 2
+#   new7-zero3-cpu-15  ZeRO-3 + optimizer on the CPU, fp32 states, llama3-1b at 1 x 2048
+run new7-offload-29 110 --model.preset llama3-1b --model.overrides "$s29" --model.seq_len 1024 \
+  --variant "fsdp cpu offload eager 1x1: train.micro_batch_size=1 train.grad_accum_steps=1 precision.master_dtype=fp32 parallel.backend=fsdp parallel.fsdp.cpu_offload=true parallel.compile=false"
+run new7-offload-15x2 90 --model.preset llama3-1b --model.seq_len 1024 \
+  --variant "fsdp cpu offload eager 1x1024 x2: train.micro_batch_size=1 train.grad_accum_steps=2 precision.master_dtype=fp32 parallel.backend=fsdp parallel.fsdp.cpu_offload=true parallel.compile=false"
+run new7-zero3-cpu-15 100 --model.preset llama3-1b --model.seq_len 2048 \
+  --variant "zero3 optim cpu eager 1x1: train.micro_batch_size=1 train.grad_accum_steps=1 precision.master_dtype=fp32 parallel.backend=deepspeed parallel.deepspeed.stage=3 parallel.deepspeed.offload_optimizer=cpu parallel.compile=false"
 run new6-offload-21 100 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 2048 \
   --variant "fsdp cpu offload eager 1x1: train.micro_batch_size=1 train.grad_accum_steps=1 precision.master_dtype=fp32 parallel.backend=fsdp parallel.fsdp.cpu_offload=true parallel.compile=false"
 run new6-ddp-c29 75 --model.preset llama3-1b --model.overrides "$s29" --model.seq_len 512 \

@@ -14,6 +14,7 @@ from doc_checks_host_probe_h100_2 import runs_summary, runs_table
 
 DOC = "docs/benchmarks/2026-12-07-host-probe-h100-5.md"
 CALL5 = "2026-12-07-host-probe-h100-5/"
+CALL6 = "2026-12-07-host-probe-h100-6/"
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "benchmarks" / "data"
 KINDS = ("fsdp", "fsdp/compiled", "deepspeed", "deepspeed/zero12")
@@ -71,9 +72,10 @@ def as_called_summary(folder: str, repeats: tuple[str, ...] = ()) -> Callable[[]
         held = _called(folder, repeats).values()
         held_hits = sum(abs(err) <= 10 for _, _, err, _ in held)
         words = {3: "three", 4: "four", 5: "five", 6: "six"}
+        n = words.get(len(held), len(held))
         return [
             f"{hits} of {len(rows)} within 10%; memory within 5% in {memory} of {len(rows)}",
-            f"of the {words.get(len(held), len(held))} held out, {held_hits} is within 10%",
+            f"f the {n} held out, {held_hits} {'is' if held_hits == 1 else 'are'} within 10%",
         ]
 
     return summary
@@ -108,3 +110,18 @@ HOST_PROBE_H100_5 = {
     "host-probe-h100-5": ([CALL5 + "all-results.json"], runs_table(CALL5), 1),
     "host-probe-h100-5-summary": ([CALL5 + "all-results.json"], runs_summary(CALL5), 1),
 }
+HOST_PROBE_H100_5.update(
+    {
+        "host-probe-h100-6-probe": (
+            [CALL6 + "host-probe.json"],
+            probe_table(CALL6, (*KINDS, "deepspeed/zero1-accumulating")),
+            1,
+        ),
+        "host-probe-h100-6-called": ([CALL6 + "heldout-forecast.json"], as_called(CALL6), 1),
+        "host-probe-h100-6-called-summary": (
+            [CALL6 + "heldout-forecast.json"],
+            as_called_summary(CALL6),
+            1,
+        ),
+    }
+)

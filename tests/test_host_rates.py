@@ -4,6 +4,7 @@ the host probe times as an offloaded optimizer's step (`torch_common.adamw_for_p
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -12,8 +13,9 @@ import torch
 
 from zerofit.backends import torch_common
 from zerofit.backends.terms import Workload
+from zerofit.cli import main
 from zerofit.models.shape import shape_from_preset
-from zerofit.planner import speed
+from zerofit.planner import host_probe, speed
 from zerofit.planner.memory import Strategy
 from zerofit.planner.shape import Hardware
 
@@ -77,3 +79,26 @@ def test_the_offloaded_adamw_probe_times_the_clipping_the_run_does(
     step, stepped = torch_common.adamw_for_probe(True)(4096, torch.device("cpu"))
     assert step() > 0 and step() > 0
     assert clipped == [(stepped, math.inf)] * 2
+
+
+def test_a_probed_pcie_rate_is_what_the_plan_forecasts_offload_with(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a GPU the probe times pinned copies to the GPU and back; the plan then forecasts the
+    offloading engines' copies at that rate, not the card table's 25 GB/s."""
+
+    def found(pcie: float | None) -> host_probe.HostSpeed:
+        return host_probe.HostSpeed(20e-6, None, {}, 1e-3, {}, {}, {}, "a CPU, a GPU", pcie)
+
+    def offload_step(pcie: float | None) -> tuple[float, float]:
+        monkeypatch.setattr(host_probe, "probe", lambda: found(pcie))
+        args = ["plan", "--preset", "llama3-1b", "--gpus", "1", "--gpu", "H100", "--json"]
+        assert main([*args, "--host-probe"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        steps = [o["step_time_s"] for o in out["options"] if "offload" in o["strategy"]]
+        return out["hardware"]["pcie_bw_gbs"], min(steps)
+
+    table, at_table = offload_step(None)
+    probed, at_probed = offload_step(50e9)
+    assert (table, probed) == (25.0, 50.0)
+    assert at_probed < at_table

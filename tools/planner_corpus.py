@@ -307,6 +307,8 @@ def _with_probe(hw: Hardware, found: dict[str, Any]) -> Hardware:
     launch, hook = seconds("host_launch_us"), seconds("host_hook_us")
     compiled = seconds("host_compiled_launch_us")
     adam = tuple((k, v * 1e9) for k, v in (found.get("host_adam_gb_per_s") or {}).items())
+    if found.get("pcie_bw_gbs"):  # the card's, or since 2026-12-07 the probe's
+        hw = replace(hw, pcie_bw=found["pcie_bw_gbs"] * 1e9)
     return with_host(hw, launch, hook, compiled, hooks, found["host_from"], adam)
 
 

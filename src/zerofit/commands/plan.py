@@ -132,6 +132,8 @@ def _with_host(hw: Hardware, given: tuple[float, ...] | None, probing: bool) -> 
         )
     hooks, adam = tuple(found.hooks.items()), tuple(found.adam_bw.items())
     where = f"probed: {found.where}"
+    if found.pcie_bw is not None:  # the copies offloading runs make, timed here
+        hw = replace(hw, pcie_bw=found.pcie_bw)
     return with_host(hw, found.launch_s, None, found.compiled_launch_s, hooks, where, adam)
 
 

@@ -22,6 +22,10 @@ both here, on the first GPU (else on the CPU, where an op's dispatch stands in f
   unit as, is that engine's hook call. DeepSpeed's cost 1.7 times FSDP2's a unit on this
   project's CPU machine, so one rate for both misses one of them.
 - **host optimizers** (`planner.optimizer_probe`): each engine's offloaded optimizer step.
+- **PCIe** (on a GPU): pinned host memory to the GPU and back, PCIE_BYTES at a time, the slower
+  direction: what offloading runs copy over (`Hardware.pcie_bw`; the card's table gives 25 GB/s
+  for an H100, where a held-out FSDP2 offload run came out +25.1% on an H100 machine,
+  2026-12-07).
 Every model of a measurement (the 6-block and 2-block ones, plain and hooked) is timed in turn,
 REPEATS times STEPS steps after WARMUP (on a CPU, CPU_REPEATS times CPU_STEPS); the hooks' cost
 is each repeat's hooked block less its plain one, and the median over the repeats is taken: a
@@ -56,6 +60,7 @@ WARMUP, STEPS, REPEATS = 3, 10, 7
 CPU_STEPS, CPU_REPEATS = 3, 5  # on a CPU a step takes ~30x as long: fewer of them
 SHAPE = {"dim": 256, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 512, "vocab_size": 512}
 TOKENS = 64
+PCIE_BYTES, PCIE_REPEATS = 256 << 20, 5
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class HostSpeed:
     adam_bw: dict[str, float]  # host optimizer -> bytes/s (`Hardware.adam_bw`'s keys)
     failed: dict[str, str]  # what could not be timed -> why (its fitted rate kept)
     where: str  # "<cpu model>, <device>"
+    pcie_bw: float | None = None  # bytes/s between pinned host memory and the GPU (CUDA only)
 
 
 Step = Callable[[torch.Tensor], None]
@@ -174,6 +180,24 @@ def _engine_units(device: torch.device) -> tuple[dict, dict, dict]:
     return hooks, units, failed
 
 
+def _pcie(device: torch.device) -> float:
+    """Bytes/s of PCIE_BYTES copied between pinned host memory and `device`, each way the median
+    of PCIE_REPEATS after one: the slower way."""
+    host = torch.empty(PCIE_BYTES, dtype=torch.uint8, pin_memory=True)
+    gpu = torch.empty(PCIE_BYTES, dtype=torch.uint8, device=device)
+    rates = []
+    for dst, src in ((gpu, host), (host, gpu)):
+        times = []
+        for _ in range(PCIE_REPEATS + 1):
+            torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+        rates.append(PCIE_BYTES / statistics.median(times[1:]))
+    return min(rates)
+
+
 def probe() -> HostSpeed:
     """Times the host here (see the module docstring); UserError inside a distributed job."""
     if dist.is_initialized():
@@ -197,4 +221,5 @@ def probe() -> HostSpeed:
         adam_bw=adam,
         failed={**failed, **adam_failed},
         where=f"{host_cpu()}, {name}",
+        pcie_bw=_pcie(device) if device.type == "cuda" else None,
     )
