@@ -102,3 +102,15 @@ def test_a_probed_pcie_rate_is_what_the_plan_forecasts_offload_with(
     probed, at_probed = offload_step(50e9)
     assert (table, probed) == (25.0, 50.0)
     assert at_probed < at_table
+
+
+def test_pcie_copies_that_cannot_run_keep_the_card_rate() -> None:
+    """No copy to time on a CPU; on a device where pinned copies fail (here: CUDA named on a
+    machine without it), the probe names the failure and gives no rate, so the plan keeps the
+    card table's."""
+    assert host_probe._pcie_rate(torch.device("cpu")) == (None, {})
+    if torch.cuda.is_available():
+        pytest.skip("a GPU here: its copies would be timed")
+    rate, failed = host_probe._pcie_rate(torch.device("cuda", 0))
+    assert rate is None and list(failed) == ["PCIe copies"]
+    assert failed["PCIe copies"] and "\n" not in failed["PCIe copies"]

@@ -198,6 +198,17 @@ def _pcie(device: torch.device) -> float:
     return min(rates)
 
 
+def _pcie_rate(device: torch.device) -> tuple[float | None, dict[str, str]]:
+    """(`_pcie`'s bytes/s, else None; what failed -> why): on a CPU nothing to time; a copy that
+    fails keeps the card table's rate."""
+    if device.type != "cuda":
+        return None, {}
+    try:
+        return _pcie(device), {}
+    except Exception as e:  # noqa: BLE001 - pinned memory refused, a copy failed: table rate
+        return None, {"PCIe copies": why(e)}
+
+
 def probe() -> HostSpeed:
     """Times the host here (see the module docstring); UserError inside a distributed job."""
     if dist.is_initialized():
@@ -211,6 +222,7 @@ def probe() -> HostSpeed:
         warnings.simplefilter("ignore")
         hooks, units, failed = _engine_units(device)
         adam, adam_failed = optimizer_rates(device)
+    pcie, pcie_failed = _pcie_rate(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     return HostSpeed(
         launch_s=block / BLOCK_KERNELS,
@@ -219,7 +231,7 @@ def probe() -> HostSpeed:
         block_s=block,
         units=units,
         adam_bw=adam,
-        failed={**failed, **adam_failed},
+        failed={**failed, **adam_failed, **pcie_failed},
         where=f"{host_cpu()}, {name}",
-        pcie_bw=_pcie(device) if device.type == "cuda" else None,
+        pcie_bw=pcie,
     )
