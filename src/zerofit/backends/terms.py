@@ -164,10 +164,6 @@ class OffloadTime:
 
     micro_batch: float = 0.0
     step: float = 0.0
-    # in each micro-batch before the step's last (gradient accumulation), in place of
-    # `micro_batch`'s calls, where an engine's hooks take a cheaper path off the accumulation
-    # boundary (ZeRO-1): charged at the rate of `Engine.hook_variant(..., accumulating=True)`
-    accumulating: float | None = None
     disk_read: float = 0.0  # bytes a rank reads from NVMe per optimizer step (micro-batches too)
     disk_write: float = 0.0  # bytes a rank writes to NVMe per optimizer step
 
