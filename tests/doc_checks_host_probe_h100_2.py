@@ -60,6 +60,69 @@ def runs_summary(folder: str) -> Callable[[], list[str]]:
     return summary
 
 
+def probe_table(folder: str, kinds: tuple[str, ...]) -> Callable[[], dict[str, list]]:
+    """A call's probe: us per launch (eager, compiled); us per hook call of each kind, a rank
+    alone then sharded; GB/s of each host optimizer."""
+
+    def table() -> dict[str, list]:
+        hw = json.loads((DATA / folder / "host-probe.json").read_text())["hardware"]
+        hooks, adam = hw["host_hooks_us"], hw["host_adam_gb_per_s"]
+        return {
+            "before the runs": [
+                hw["host_launch_us"],
+                hw["host_compiled_launch_us"],
+                *[[hooks[f"{k}@1"], hooks[k]] for k in kinds],
+                adam["fsdp fused"],
+                adam["fsdp foreach"],
+                adam["deepspeed offload step"],
+            ]
+        }
+
+    return table
+
+
+def _called(folder: str, drop: tuple[str, ...] = ()) -> dict[str, list]:
+    """Per run of `folder`'s heldout-forecast.json, but those of the groups in `drop`."""
+    rows = json.loads((DATA / folder / "heldout-forecast.json").read_text())
+    out = {}
+    for r in rows:
+        if r["run"].split("/", 1)[0] in drop:
+            continue
+        err = r["forecast_step_s"] / r["measured_step_s"] - 1
+        memory = r["forecast_alloc_gib"] / r["measured_alloc_gib"] - 1
+        name = r["run"].split(":", 1)[1]
+        out[name] = [r["measured_step_s"], r["forecast_step_s"], 100 * err, 100 * memory]
+    return out
+
+
+def as_called(folder: str) -> Callable[[], dict[str, list]]:
+    """Per run as the call forecast it: measured s, forecast s, error %, memory error %."""
+    return lambda: _called(folder)
+
+
+def as_called_summary(
+    folder: str, repeats: tuple[str, ...] | None = None
+) -> Callable[[], list[str]]:
+    """Within 10% and memory within 5% as called; given `repeats` (groups an earlier call ran),
+    also among the runs held out, all but those."""
+
+    def summary() -> list[str]:
+        rows = _called(folder).values()
+        hits = sum(abs(err) <= 10 for _, _, err, _ in rows)
+        memory = sum(abs(mem) <= 5 for _, _, _, mem in rows)
+        held = _called(folder, repeats or ()).values()
+        held_hits = sum(abs(err) <= 10 for _, _, err, _ in held)
+        said = f"{hits} of {len(rows)} within 10%; memory within 5% in {memory} of {len(rows)}"
+        if repeats is None:
+            return [said]
+        words = {3: "three", 4: "four", 5: "five", 6: "six"}
+        n = words.get(len(held), len(held))
+        verb = "is" if held_hits == 1 else "are"
+        return [said, f"the {n} held out, {held_hits} {verb} within 10%"]
+
+    return summary
+
+
 def probes_table(folder: str) -> Callable[[], dict[str, list]]:
     """Per probe: us per eager launch, per compiled launch; us per hook call of each engine
     (sharded, then alone where probed); each host optimizer's GB/s."""
@@ -99,85 +162,31 @@ HOST_PROBE_H100_2: dict[str, tuple[list[str], Callable[[], Any], int]] = {
 CALL3 = "2026-12-06-host-probe-h100-3/"
 
 
-def probe3_table() -> dict[str, list]:
-    """The third call's probe: us per launch (eager, compiled), us per hook call of FSDP2 and
-    ZeRO-3 (a rank alone, then sharded), GB/s of each host optimizer."""
-    hw = json.loads((DATA / CALL3 / "host-probe.json").read_text())["hardware"]
-    hooks, adam = hw["host_hooks_us"], hw["host_adam_gb_per_s"]
-    return {
-        "before the runs": [
-            hw["host_launch_us"],
-            hw["host_compiled_launch_us"],
-            [hooks["fsdp@1"], hooks["fsdp"]],
-            [hooks["deepspeed@1"], hooks["deepspeed"]],
-            adam["fsdp fused"],
-            adam["fsdp foreach"],
-            adam["deepspeed offload step"],
-        ]
-    }
-
-
 HOST_PROBE_H100_2.update(
     {
         "host-probe-h100-3": ([CALL3 + "all-results.json"], runs_table(CALL3), 1),
         "host-probe-h100-3-summary": ([CALL3 + "all-results.json"], runs_summary(CALL3), 1),
-        "host-probe-h100-3-probe": ([CALL3 + "host-probe.json"], probe3_table, 1),
+        "host-probe-h100-3-probe": (
+            [CALL3 + "host-probe.json"],
+            probe_table(CALL3, ("fsdp", "deepspeed")),
+            1,
+        ),
     }
 )
 
 
 CALL4 = "2026-12-06-host-probe-h100-4/"
-
-
-def probe4_table() -> dict[str, list]:
-    """The fourth call's probe: us per launch (eager, compiled); us per hook call, a rank alone
-    then sharded, of eager and compiled FSDP2, ZeRO-3, ZeRO-1/2; GB/s of each host optimizer."""
-    hw = json.loads((DATA / CALL4 / "host-probe.json").read_text())["hardware"]
-    hooks, adam = hw["host_hooks_us"], hw["host_adam_gb_per_s"]
-    kinds = ("fsdp", "fsdp/compiled", "deepspeed", "deepspeed/zero12")
-    return {
-        "before the runs": [
-            hw["host_launch_us"],
-            hw["host_compiled_launch_us"],
-            *[[hooks[f"{k}@1"], hooks[k]] for k in kinds],
-            adam["fsdp fused"],
-            adam["fsdp foreach"],
-            adam["deepspeed offload step"],
-        ]
-    }
-
-
-def as_called4() -> dict[str, list]:
-    """Per run as the call forecast it (its heldout-forecast.json, the planner at 6b9f4ea):
-    measured s, forecast s, error %, memory error %."""
-    rows = json.loads((DATA / CALL4 / "heldout-forecast.json").read_text())
-    out = {}
-    for r in rows:
-        err = r["forecast_step_s"] / r["measured_step_s"] - 1
-        memory = r["forecast_alloc_gib"] / r["measured_alloc_gib"] - 1
-        out[r["run"].split(":", 1)[1]] = [
-            r["measured_step_s"],
-            r["forecast_step_s"],
-            100 * err,
-            100 * memory,
-        ]
-    return out
-
-
-def as_called4_summary() -> list[str]:
-    rows = as_called4().values()
-    hits = sum(abs(err) <= 10 for _, _, err, _ in rows)
-    memory = sum(abs(mem) <= 5 for _, _, _, mem in rows)
-    return [f"{hits} of {len(rows)} within 10%", f"memory within 5% in {memory} of {len(rows)}"]
+# the hook kinds probed apart since the fourth call (the sixth's adds ZeRO-1 off the boundary)
+KINDS = ("fsdp", "fsdp/compiled", "deepspeed", "deepspeed/zero12")
 
 
 HOST_PROBE_H100_2.update(
     {
-        "host-probe-h100-4-probe": ([CALL4 + "host-probe.json"], probe4_table, 1),
-        "host-probe-h100-4-called": ([CALL4 + "heldout-forecast.json"], as_called4, 1),
+        "host-probe-h100-4-probe": ([CALL4 + "host-probe.json"], probe_table(CALL4, KINDS), 1),
+        "host-probe-h100-4-called": ([CALL4 + "heldout-forecast.json"], as_called(CALL4), 1),
         "host-probe-h100-4-called-summary": (
             [CALL4 + "heldout-forecast.json"],
-            as_called4_summary,
+            as_called_summary(CALL4),
             1,
         ),
         "host-probe-h100-4": ([CALL4 + "all-results.json"], runs_table(CALL4), 1),
