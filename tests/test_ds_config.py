@@ -217,3 +217,18 @@ def test_partial_offload_steps_with_deepspeeds_cpu_adam() -> None:
     assert to_ds_json(prepared(ratio), 2)["optimizer"]["params"]["torch_adam"] is False
     with pytest.raises(UserError, match="offload_ratio < 1 needs DeepSpeed's CPU Adam"):
         prepared([*ratio, "parallel.deepspeed.torch_adam=true"])
+
+
+def test_deepspeeds_synchronising_throughput_timer_is_off_unless_a_file_turns_it_on(
+    tmp_path: Path,
+) -> None:
+    """DeepSpeed's throughput timer, on by default, synchronises the device at every
+    micro-batch's forward and step: zerofit's JSON turns it off, as DeepSpeed reads it
+    (`get_timers_config`); a user's file that turns it on keeps it on."""
+    timers = pytest.importorskip("deepspeed.utils.config").get_timers_config
+    assert timers({}).enabled  # DeepSpeed's default: what zerofit must change
+    assert not timers(to_ds_json(prepared([]), 2)).enabled
+    path = tmp_path / "u.json"
+    path.write_text(json.dumps({"timers": {"throughput": {"enabled": True}}}))
+    cfg = prepared([f"parallel.deepspeed.config={path}"])
+    assert timers(to_ds_json(cfg, 2)).enabled

@@ -174,6 +174,11 @@ def own_json(cfg: Config, world_size: int) -> dict[str, Any]:
         "optimizer": {"type": "AdamW", "params": params},  # torch_adam: in zerofit's block only
         "steps_per_print": 2**31 - 1,  # zerofit logs; keep DeepSpeed's own step log quiet
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer (on by default) synchronises the device when each
+        # micro-batch's forward starts and again in each `step()`, which zerofit calls every
+        # micro-batch: the host then waits out the GPU's queue twice a micro-batch. zerofit
+        # times its own steps, and steps_per_print above silences the timer's only output.
+        "timers": {"throughput": {"enabled": False}},
     }
     for row in TABLE:
         value = row.to_ds(get_field(cfg, row.field)) if row.when(cfg) else None
