@@ -112,12 +112,12 @@ pair() {  # pair NAME TIMEOUT MODEL-ARGS -- VARIANT-NAME OVERRIDES: the variant 
 z="precision.master_dtype=bf16 parallel.backend=deepspeed parallel.compile=false"
 pair new9-zero1-29x2 110 --model.preset llama3-1b --model.overrides "$s29" --model.seq_len 1024 -- \
   "zero1 eager 1x1024 x2" "train.micro_batch_size=1 train.grad_accum_steps=2 $z parallel.deepspeed.stage=1"
-pair new9-zero2-29x3 110 --model.preset llama3-1b --model.overrides "$s29" --model.seq_len 512 -- \
-  "zero2 eager 1x512 x3" "train.micro_batch_size=1 train.grad_accum_steps=3 $z parallel.deepspeed.stage=2"
 pair new9-zero3-21x4 110 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 512 -- \
   "zero3 eager 1x512 x4" "train.micro_batch_size=1 train.grad_accum_steps=4 $z parallel.deepspeed.stage=3"
 pair new9-zero1-21big 110 --model.preset llama3-1b --model.overrides "$s21" --model.seq_len 2048 -- \
   "zero1 eager 2x2048 x2" "train.micro_batch_size=2 train.grad_accum_steps=2 $z parallel.deepspeed.stage=1"
+pair new9-zero2-29x3 110 --model.preset llama3-1b --model.overrides "$s29" --model.seq_len 512 -- \
+  "zero2 eager 1x512 x3" "train.micro_batch_size=1 train.grad_accum_steps=3 $z parallel.deepspeed.stage=2"
 run new7-offload-29 110 --model.preset llama3-1b --model.overrides "$s29" --model.seq_len 1024 \
   --variant "fsdp cpu offload eager 1x1: train.micro_batch_size=1 train.grad_accum_steps=1 precision.master_dtype=fp32 parallel.backend=fsdp parallel.fsdp.cpu_offload=true parallel.compile=false"
 run new7-offload-15x2 90 --model.preset llama3-1b --model.seq_len 1024 \
