@@ -60,6 +60,8 @@ from doc_checks_host_probe_h100_2 import DOC as HOST_PROBE_2_DOC
 from doc_checks_host_probe_h100_2 import HOST_PROBE_H100_2
 from doc_checks_host_probe_h100_5 import DOC as HOST_PROBE_5_DOC
 from doc_checks_host_probe_h100_5 import HOST_PROBE_H100_5
+from doc_checks_host_probe_h100_7 import DOC as HOST_PROBE_7_DOC
+from doc_checks_host_probe_h100_7 import HOST_PROBE_H100_7
 from doc_checks_nvme import DOC as NVME_DOC
 from doc_checks_nvme import NVME, README_NVME
 from doc_checks_qlora import DOC as QLORA_DOC
@@ -827,6 +829,9 @@ CHECKS.update(
 )
 CHECKS.update(
     {name: Check(HOST_PROBE_5_DOC, d, fn, key) for name, (d, fn, key) in HOST_PROBE_H100_5.items()}
+)
+CHECKS.update(
+    {name: Check(HOST_PROBE_7_DOC, d, fn, key) for name, (d, fn, key) in HOST_PROBE_H100_7.items()}
 )
 
 

@@ -1,0 +1,61 @@
+"""test_doc_figures' checks for docs/benchmarks/2026-12-07-host-probe-h100-7.md (issue 27: the
+seventh held-out call of the host probe, its PCIe rate, and a profiled ZeRO-1 step): the call's
+probe as `plan --host-probe --json` wrote it, its runs as the call forecast them (its
+heldout-forecast.json), and the profiled run's time breakdown (`bench --profile`'s summary)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from doc_checks_host_probe_h100_2 import as_called, as_called_summary
+
+DOC = "docs/benchmarks/2026-12-07-host-probe-h100-7.md"
+CALL7 = "2026-12-07-host-probe-h100-7/"
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "benchmarks" / "data"
+PROFILE = CALL7 + "profile-new8-zero1-15x4p_00-zero1_eager_1x1024_x4_profile_summary.json"
+HOOKS = ("deepspeed", "deepspeed/zero12", "deepspeed/zero1-accumulating")
+
+
+def probe() -> dict[str, list]:
+    """us per launch (eager, compiled); us per hook call of each DeepSpeed kind, a rank alone
+    then sharded; GB/s of the fused CPU AdamW (with clipping) and DeepSpeed's offloaded step;
+    the probed PCIe GB/s."""
+    hw = json.loads((DATA / CALL7 / "host-probe.json").read_text())["hardware"]
+    hooks, adam = hw["host_hooks_us"], hw["host_adam_gb_per_s"]
+    return {
+        "before the runs": [
+            hw["host_launch_us"],
+            hw["host_compiled_launch_us"],
+            *[[hooks[f"{k}@1"], hooks[k]] for k in HOOKS],
+            adam["fsdp fused"],
+            adam["deepspeed offload step"],
+            hw["pcie_bw_gbs"],
+        ]
+    }
+
+
+def profile() -> dict[str, list]:
+    """ms a step of the profiled steps: wall, each part, DeepSpeed's fused Adam kernel, and the
+    host's time in reads of device values (each a synchronisation)."""
+    p = json.loads((DATA / PROFILE).read_text())
+    steps = p["steps"]
+    parts = [p["breakdown_ms"][k] / steps for k in ("compute", "optimizer", "idle", "host")]
+    adam = sum(k["total_ms"] for k in p["top"] if "AdamFunctor" in k["name"]) / steps
+    wait = sum(k["total_ms"] for k in p["top_host"] if k["name"] == "aten::_local_scalar_dense")
+    return {"new8-zero1-15x4p": [p["wall_ms"] / steps, *parts, adam, wait / steps]}
+
+
+HOST_PROBE_H100_7: dict[str, tuple[list[str], Callable[[], Any], int]] = {
+    "host-probe-h100-7-probe": ([CALL7 + "host-probe.json"], probe, 1),
+    "host-probe-h100-7-called": ([CALL7 + "heldout-forecast.json"], as_called(CALL7), 1),
+    "host-probe-h100-7-called-summary": (
+        [CALL7 + "heldout-forecast.json"],
+        as_called_summary(CALL7, ("new8-zero1-15x4p", "new8-zero3-15x3p")),
+        1,
+    ),
+    "host-probe-h100-7-profile": ([PROFILE], profile, 1),
+}
