@@ -16,7 +16,10 @@ DOC = "docs/benchmarks/2026-12-07-host-probe-h100-7.md"
 CALL7 = "2026-12-07-host-probe-h100-7/"
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "benchmarks" / "data"
-PROFILE = CALL7 + "profile-new8-zero1-15x4p_00-zero1_eager_1x1024_x4_profile_summary.json"
+PROFILES = {  # the profiled runs' summaries, as benchmarks/bundle_results.py gathered them
+    "new8-zero1-15x4p": "new8-zero1-15x4p/00-zero1_eager_1x1024_x4/profile/summary.json",
+    "new8-zero3-15x3p": "new8-zero3-15x3p/00-zero3_eager_1x512_x3/profile/summary.json",
+}
 HOOKS = ("deepspeed", "deepspeed/zero12", "deepspeed/zero1-accumulating")
 
 
@@ -38,15 +41,29 @@ def probe() -> dict[str, list]:
     }
 
 
+def _profile(name: str) -> dict[str, Any]:
+    files = json.loads((DATA / CALL7 / "all-results.json").read_text())["files"]
+    return files[PROFILES[name]]
+
+
 def profile() -> dict[str, list]:
-    """ms a step of the profiled steps: wall, each part, DeepSpeed's fused Adam kernel, and the
-    host's time in reads of device values (each a synchronisation)."""
-    p = json.loads((DATA / PROFILE).read_text())
-    steps = p["steps"]
-    parts = [p["breakdown_ms"][k] / steps for k in ("compute", "optimizer", "idle", "host")]
-    adam = sum(k["total_ms"] for k in p["top"] if "AdamFunctor" in k["name"]) / steps
-    wait = sum(k["total_ms"] for k in p["top_host"] if k["name"] == "aten::_local_scalar_dense")
-    return {"new8-zero1-15x4p": [p["wall_ms"] / steps, *parts, adam, wait / steps]}
+    """ms a step of each run's profiled steps: wall, each part, DeepSpeed's fused Adam kernel."""
+    out = {}
+    for name in PROFILES:
+        p = _profile(name)
+        steps = p["steps"]
+        parts = [p["breakdown_ms"][k] / steps for k in ("compute", "optimizer", "idle", "host")]
+        adam = sum(k["total_ms"] for k in p["top"] if "AdamFunctor" in k["name"]) / steps
+        out[name] = [p["wall_ms"] / steps, *parts, adam]
+    return out
+
+
+def waits() -> dict[str, list]:
+    """The ZeRO-1 run's host time in reads of device values (each a synchronisation): ms a
+    step, and reads a step."""
+    p = _profile("new8-zero1-15x4p")
+    read = [k for k in p["top_host"] if k["name"] == "aten::_local_scalar_dense"]
+    return {"new8-zero1-15x4p": [read[0]["total_ms"] / p["steps"], read[0]["calls"] / p["steps"]]}
 
 
 HOST_PROBE_H100_7: dict[str, tuple[list[str], Callable[[], Any], int]] = {
@@ -57,5 +74,6 @@ HOST_PROBE_H100_7: dict[str, tuple[list[str], Callable[[], Any], int]] = {
         as_called_summary(CALL7, ("new8-zero1-15x4p", "new8-zero3-15x3p")),
         1,
     ),
-    "host-probe-h100-7-profile": ([PROFILE], profile, 1),
+    "host-probe-h100-7-profile": ([CALL7 + "all-results.json"], profile, 1),
+    "host-probe-h100-7-waits": ([CALL7 + "all-results.json"], waits, 1),
 }
