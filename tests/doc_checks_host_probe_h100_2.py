@@ -60,9 +60,15 @@ def runs_summary(folder: str) -> Callable[[], list[str]]:
     return summary
 
 
-def probe_table(folder: str, kinds: tuple[str, ...]) -> Callable[[], dict[str, list]]:
+ADAMS = ("fsdp fused", "fsdp foreach", "deepspeed offload step")  # the host optimizers probed
+
+
+def probe_table(
+    folder: str, kinds: tuple[str, ...], adams: tuple[str, ...] = ADAMS, pcie: bool = False
+) -> Callable[[], dict[str, list]]:
     """A call's probe: us per launch (eager, compiled); us per hook call of each kind, a rank
-    alone then sharded; GB/s of each host optimizer."""
+    alone then sharded; GB/s of each host optimizer in `adams`; with `pcie`, the probed PCIe
+    GB/s."""
 
     def table() -> dict[str, list]:
         hw = json.loads((DATA / folder / "host-probe.json").read_text())["hardware"]
@@ -72,13 +78,24 @@ def probe_table(folder: str, kinds: tuple[str, ...]) -> Callable[[], dict[str, l
                 hw["host_launch_us"],
                 hw["host_compiled_launch_us"],
                 *[[hooks[f"{k}@1"], hooks[k]] for k in kinds],
-                adam["fsdp fused"],
-                adam["fsdp foreach"],
-                adam["deepspeed offload step"],
+                *[adam[a] for a in adams],
+                *([hw["pcie_bw_gbs"]] if pcie else []),
             ]
         }
 
     return table
+
+
+PARTS = ("compute", "optimizer", "idle", "host")  # a profile's parts, as the write-ups table them
+
+
+def profile_row(summary: dict[str, Any], adam_kernel: str) -> list[float]:
+    """ms a step of a profile's steps (`bench --profile`'s summary.json): wall, each of PARTS,
+    and the kernels whose name holds `adam_kernel`."""
+    steps = summary["steps"]
+    parts = [summary["breakdown_ms"][part] / steps for part in PARTS]
+    adam = sum(k["total_ms"] for k in summary["top"] if adam_kernel in k["name"])
+    return [summary["wall_ms"] / steps, *parts, adam / steps]
 
 
 def _called(folder: str, drop: tuple[str, ...] = ()) -> dict[str, list]:

@@ -14,6 +14,7 @@ from doc_checks_host_probe_h100_2 import (
     as_called,
     as_called_summary,
     probe_table,
+    profile_row,
     runs_summary,
     runs_table,
 )
@@ -23,7 +24,6 @@ CALL5 = "2026-12-07-host-probe-h100-5/"
 CALL6 = "2026-12-07-host-probe-h100-6/"
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "benchmarks" / "data"
-PARTS = ("compute", "optimizer", "idle", "host")
 
 
 def profiles() -> dict[str, list]:
@@ -32,10 +32,7 @@ def profiles() -> dict[str, list]:
     out = {}
     for name in ("new5-ddp-c15p", "new5-ddp-c21"):
         p = json.loads((DATA / CALL5 / f"profile-{name}.json").read_text())
-        steps = p["steps"]
-        adam = sum(k["total_ms"] for k in p["top"] if "FusedAdamMathFunctor" in k["name"])
-        parts = [p["breakdown_ms"][part] / steps for part in PARTS]
-        out[name] = [p["wall_ms"] / steps, *parts, adam / steps]
+        out[name] = profile_row(p, "FusedAdamMathFunctor")
     return out
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from doc_checks_host_probe_h100_2 import as_called, as_called_summary
+from doc_checks_host_probe_h100_2 import as_called, as_called_summary, probe_table, profile_row
 
 DOC = "docs/benchmarks/2026-12-07-host-probe-h100-7.md"
 CALL7 = "2026-12-07-host-probe-h100-7/"
@@ -23,24 +23,6 @@ PROFILES = {  # the profiled runs' summaries, as benchmarks/bundle_results.py ga
 HOOKS = ("deepspeed", "deepspeed/zero12", "deepspeed/zero1-accumulating")
 
 
-def probe() -> dict[str, list]:
-    """us per launch (eager, compiled); us per hook call of each DeepSpeed kind, a rank alone
-    then sharded; GB/s of the fused CPU AdamW (with clipping) and DeepSpeed's offloaded step;
-    the probed PCIe GB/s."""
-    hw = json.loads((DATA / CALL7 / "host-probe.json").read_text())["hardware"]
-    hooks, adam = hw["host_hooks_us"], hw["host_adam_gb_per_s"]
-    return {
-        "before the runs": [
-            hw["host_launch_us"],
-            hw["host_compiled_launch_us"],
-            *[[hooks[f"{k}@1"], hooks[k]] for k in HOOKS],
-            adam["fsdp fused"],
-            adam["deepspeed offload step"],
-            hw["pcie_bw_gbs"],
-        ]
-    }
-
-
 def _profile(name: str) -> dict[str, Any]:
     files = json.loads((DATA / CALL7 / "all-results.json").read_text())["files"]
     return files[PROFILES[name]]
@@ -48,14 +30,7 @@ def _profile(name: str) -> dict[str, Any]:
 
 def profile() -> dict[str, list]:
     """ms a step of each run's profiled steps: wall, each part, DeepSpeed's fused Adam kernel."""
-    out = {}
-    for name in PROFILES:
-        p = _profile(name)
-        steps = p["steps"]
-        parts = [p["breakdown_ms"][k] / steps for k in ("compute", "optimizer", "idle", "host")]
-        adam = sum(k["total_ms"] for k in p["top"] if "AdamFunctor" in k["name"]) / steps
-        out[name] = [p["wall_ms"] / steps, *parts, adam]
-    return out
+    return {name: profile_row(_profile(name), "AdamFunctor") for name in PROFILES}
 
 
 def waits() -> dict[str, list]:
@@ -67,7 +42,11 @@ def waits() -> dict[str, list]:
 
 
 HOST_PROBE_H100_7: dict[str, tuple[list[str], Callable[[], Any], int]] = {
-    "host-probe-h100-7-probe": ([CALL7 + "host-probe.json"], probe, 1),
+    "host-probe-h100-7-probe": (
+        [CALL7 + "host-probe.json"],
+        probe_table(CALL7, HOOKS, ("fsdp fused", "deepspeed offload step"), pcie=True),
+        1,
+    ),
     "host-probe-h100-7-called": ([CALL7 + "heldout-forecast.json"], as_called(CALL7), 1),
     "host-probe-h100-7-called-summary": (
         [CALL7 + "heldout-forecast.json"],
