@@ -10,22 +10,30 @@ import re
 import sys
 from collections import Counter, defaultdict
 
-PROCESS = re.compile(r'^process \d+:"(?P<cmd>[^"]*)"$')
+# a process frame: its quoted command line may itself hold ";" (the fork server's does)
+PROCESS = re.compile(r'process (?P<pid>\d+):"(?P<cmd>.*?)";(?=process |thread |[^;]*\()')
+WORKER = "zerofit/train/"  # a frame of the training loop: its process is a worker
 
 
 def read(path: str) -> dict[str, list[tuple[list[str], int]]]:
-    """Stacks per (process, thread), root first, of the worker processes only."""
+    """Stacks per (process, thread), root first, of the worker processes only: those whose
+    stacks hold a frame of zerofit's training loop (forked workers carry the fork server's
+    command line, so it cannot tell them)."""
     out: dict[str, list[tuple[list[str], int]]] = defaultdict(list)
     for line in pathlib.Path(path).read_text().splitlines():
         stack, _, count = line.rstrip("\n").rpartition(" ")
-        frames = stack.split(";")
-        procs = [f for f in frames if PROCESS.match(f)]
-        if not procs or "worker" not in procs[-1]:
+        procs = list(PROCESS.finditer(stack))
+        if not procs:
             continue
-        rest = frames[frames.index(procs[-1]) + 1 :]
-        thread = rest[0] if rest and rest[0].startswith("thread") else "?"
-        out[f"{procs[-1][:40]} {thread}"].append((rest[1:], int(count)))
-    return out
+        frames = stack[procs[-1].end() :].split(";")
+        thread = frames[0] if frames and frames[0].startswith("thread") else "?"
+        out[f"process {procs[-1]['pid']} {thread}"].append((frames[1:], int(count)))
+    workers = {
+        key.split(" thread")[0]
+        for key, stacks in out.items()
+        if any(WORKER in f for frames, _ in stacks for f in frames)
+    }
+    return {k: v for k, v in out.items() if k.split(" thread")[0] in workers}
 
 
 def short(frame: str) -> str:

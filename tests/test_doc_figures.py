@@ -74,6 +74,8 @@ from doc_checks_speed2 import DOC as S2_DOC
 from doc_checks_speed2 import INDEX_HELDOUT, INDEX_SPEED2, INDEX_ZERO3, README_8B, SPEED2
 from doc_checks_speed2b import DOC as S2B_DOC
 from doc_checks_speed2b import INDEX_24GB, INDEX_PLANNER_TODAY, SPEED2B
+from doc_checks_timer_h100_8 import DOC as TIMER_8_DOC
+from doc_checks_timer_h100_8 import TIMER_H100_8
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "benchmarks" / "data"
@@ -833,6 +835,7 @@ CHECKS.update(
 CHECKS.update(
     {name: Check(HOST_PROBE_7_DOC, d, fn, key) for name, (d, fn, key) in HOST_PROBE_H100_7.items()}
 )
+CHECKS.update({name: Check(TIMER_8_DOC, d, fn, key) for name, (d, fn, key) in TIMER_H100_8.items()})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,6 +29,9 @@ import planner_corpus  # noqa: E402
 
 H100 = Hardware(gpus_per_node=1, gpu_mem=80 * 10**9, cpu_mem=125 * 2**30)
 DELAY = 0.05  # host seconds added to every FSDP2 unit's forward
+# blocks of hidden 64 (a quarter of the probe's): their hooks run the same paths (ZeRO-3's
+# PERSIST still falls between the norms and the smallest matrix) in less CPU time
+SMALL = {"dim": 64, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 128, "vocab_size": 128}
 
 
 def fsdp_eager_short() -> tuple[object, ...]:
@@ -57,6 +60,8 @@ def quick(monkeypatch: pytest.MonkeyPatch, steps: int, repeats: int) -> None:
     monkeypatch.setattr(host_probe, "CPU_REPEATS", repeats)
     monkeypatch.setattr(optimizer_probe, "NUMEL", 1 << 20)
     monkeypatch.setattr(optimizer_probe, "STEPS", 2)
+    monkeypatch.setattr(host_probe, "SHAPE", SMALL)  # the same paths, in less CPU time
+    monkeypatch.setattr(host_probe, "TOKENS", 16)
 
 
 def with_engines(monkeypatch: pytest.MonkeyPatch, found: dict[str, object]) -> None:
@@ -129,7 +134,7 @@ def test_an_engine_whose_probe_fails_keeps_the_fitted_rate(monkeypatch: pytest.M
     assert speed.host_rates(hw, engine="broken")[1] == speed.HOOK_SECONDS
 
 
-PROBE_IN_A_PROCESS = """
+PROBE_IN_A_PROCESS = f"""
 import sys
 from zerofit.cli import main
 from zerofit.planner import host_probe, optimizer_probe
@@ -137,6 +142,8 @@ from zerofit.backends.deepspeed import probe
 host_probe.WARMUP, host_probe.CPU_STEPS, host_probe.CPU_REPEATS = 1, 2, 3
 host_probe.LAYERS = (1, 2)
 probe.OFFLOAD_SHAPE = host_probe.SHAPE  # blocks of 0.59 Mi parameters: DeepSpeed steps 7, then 21
+host_probe.SHAPE = {SMALL!r}  # the hooks on the tests' small blocks
+host_probe.TOKENS = 16
 # 4 Mi parameters, then 12 Mi: at 0.5 Mi a busy CPU's noise hid the fused AdamW's growth
 optimizer_probe.NUMEL, optimizer_probe.STEPS = 1 << 22, 2
 sys.exit(main(sys.argv[1:]))
