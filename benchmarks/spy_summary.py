@@ -1,10 +1,12 @@
-"""Summarise py-spy's collapsed stacks (benchmarks/host_probe.sh's spy.txt): per thread of the
-training worker, the share of samples in each frame (self) and under each function (inclusive).
+"""Summarise py-spy's collapsed stacks (benchmarks/host_probe.sh's spy.txt, benchmarks/ds_spy.sh's
+*-spy.txt.gz): per thread of the training worker, the share of samples in each frame (self) and
+under each function (inclusive).
   python benchmarks/spy_summary.py OUT/spy.txt [TOP]
 """
 
 from __future__ import annotations
 
+import gzip
 import pathlib
 import re
 import sys
@@ -20,7 +22,9 @@ def read(path: str) -> dict[str, list[tuple[list[str], int]]]:
     stacks hold a frame of zerofit's training loop (forked workers carry the fork server's
     command line, so it cannot tell them)."""
     out: dict[str, list[tuple[list[str], int]]] = defaultdict(list)
-    for line in pathlib.Path(path).read_text().splitlines():
+    name = pathlib.Path(path)
+    text = gzip.decompress(name.read_bytes()).decode() if name.suffix == ".gz" else name.read_text()
+    for line in text.splitlines():
         stack, _, count = line.rstrip("\n").rpartition(" ")
         procs = list(PROCESS.finditer(stack))
         if not procs:

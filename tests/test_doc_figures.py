@@ -46,6 +46,8 @@ from doc_checks_dpo import DOC as DPO_DOC
 from doc_checks_dpo import DPO_CURVE
 from doc_checks_dpo_h100 import DOC as DPO_H100_DOC
 from doc_checks_dpo_h100 import DPO_H100, README_DPO
+from doc_checks_ds_spy_h100_9 import DOC as DS_SPY_DOC
+from doc_checks_ds_spy_h100_9 import DS_SPY_H100_9
 from doc_checks_finetune import DOC as FT_DOC
 from doc_checks_finetune import FINETUNE
 from doc_checks_finetune_fast import DOC as FAST_DOC
@@ -836,6 +838,7 @@ CHECKS.update(
     {name: Check(HOST_PROBE_7_DOC, d, fn, key) for name, (d, fn, key) in HOST_PROBE_H100_7.items()}
 )
 CHECKS.update({name: Check(TIMER_8_DOC, d, fn, key) for name, (d, fn, key) in TIMER_H100_8.items()})
+CHECKS.update({name: Check(DS_SPY_DOC, d, fn, key) for name, (d, fn, key) in DS_SPY_H100_9.items()})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,114 @@
+"""test_doc_figures' checks for docs/benchmarks/2026-12-07-ds-spy-h100-9.md (issue 27, item 4):
+the ninth call's py-spy samples of two host-bound DeepSpeed runs (benchmarks/ds_spy.sh: where the
+step's host time goes), and the tenth call's four held-out ZeRO-1/2 runs as the call forecast them
+and with the step's waits charged (the patch beside the data, not adopted)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from doc_checks_host_probe_h100_2 import as_called, probe_table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import spy_summary  # noqa: E402 - benchmarks/ is not a package: its reader of py-spy's stacks
+
+DOC = "docs/benchmarks/2026-12-07-ds-spy-h100-9.md"
+CALL9 = "2026-12-07-ds-spy-h100-9/"
+CALL10 = "2026-12-07-heldout-h100-10/"
+DATA = ROOT / "docs" / "benchmarks" / "data"
+RUNS = ("z1", "z2")
+WAITS = ("is_invalid_grad_norm", "mask_nan_or_inf_with_val_inplace")  # leaves that read the GPU
+HOOKS = ("deepspeed", "deepspeed/zero12", "deepspeed/zero1-accumulating")
+
+
+def _main_thread(run: str) -> list[tuple[list[str], int]]:
+    """The worker's training thread: the stacks that run zerofit's trainer."""
+    stacks = spy_summary.read(str(DATA / CALL9 / f"{run}-spy.txt.gz"))
+    found = [v for v in stacks.values() if any("Trainer.fit" in f for fr, _ in v for f in fr)]
+    return found[0]
+
+
+def _step_s(run: str) -> float:
+    """Median step time of the run's logged steps after the third."""
+    rows = json.loads((DATA / CALL9 / "all-results.json").read_text())["metrics"]
+    times = [r["step_time_s"] for r in rows[f"{run}/metrics.jsonl"] if r.get("step", 0) > 3]
+    return statistics.median(t for t in times if t is not None)
+
+
+def _share(stacks: list[tuple[list[str], int]], hit: Callable[[list[str]], bool]) -> float:
+    return sum(c for fr, c in stacks if fr and hit(fr)) / sum(c for _, c in stacks)
+
+
+def spied() -> dict[str, list]:
+    """Per run: median step s; % of the training thread's samples in DeepSpeed's optimizer step,
+    waiting on the GPU in it, launching its overflow check; ms a step waited."""
+    out = {}
+    for run in RUNS:
+        main = _main_thread(run)
+        step = _share(main, lambda fr: any("_take_model_step" in f for f in fr))
+        waits = _share(main, lambda fr: any(w in fr[-1] for w in WAITS))
+        check = _share(main, lambda fr: "has_inf_or_nan" in fr[-1])
+        seconds = _step_s(run)
+        out[run] = [seconds, 100 * step, 100 * waits, 100 * check, 1e3 * waits * seconds]
+    return out
+
+
+def _rows(name: str) -> dict[str, dict[str, Any]]:
+    rows = json.loads((DATA / CALL10 / name).read_text())
+    return {r["run"].split(":", 1)[1]: r for r in rows}
+
+
+def preview() -> dict[str, list]:
+    """Per held-out run: measured s; today's forecast and its error %; the forecast with the
+    step's waits charged (waited-term.patch) and its error %."""
+    today, waited = _rows("heldout-forecast.json"), _rows("waited-preview-forecast.json")
+    out = {}
+    for name, r in today.items():
+        measured = r["measured_step_s"]
+        a, b = r["forecast_step_s"], waited[name]["forecast_step_s"]
+        out[name] = [measured, a, 100 * (a / measured - 1), b, 100 * (b / measured - 1)]
+    return out
+
+
+def preview_summary() -> list[str]:
+    """Within 10%, and the median |error|, today and with the waits charged."""
+    rows = preview().values()
+    said = []
+    for at in (2, 4):
+        errors = [abs(r[at]) for r in rows]
+        hits = sum(e <= 10 for e in errors)
+        said.append(
+            f"{hits} of {len(errors)} within 10% (median |error| {statistics.median(errors):.1f}%)"
+        )
+    return said
+
+
+DS_SPY_H100_9: dict[str, tuple[list[str], Callable[[], Any], int]] = {
+    "ds-spy-h100-9-spied": (
+        [CALL9 + "z1-spy.txt.gz", CALL9 + "z2-spy.txt.gz", CALL9 + "all-results.json"],
+        spied,
+        1,
+    ),
+    "ds-spy-h100-10-probe": (
+        [CALL10 + "host-probe.json"],
+        probe_table(CALL10, HOOKS, ("fsdp fused", "deepspeed offload step"), pcie=True),
+        1,
+    ),
+    "ds-spy-h100-10-called": ([CALL10 + "heldout-forecast.json"], as_called(CALL10), 1),
+    "ds-spy-h100-10-preview": (
+        [CALL10 + "heldout-forecast.json", CALL10 + "waited-preview-forecast.json"],
+        preview,
+        1,
+    ),
+    "ds-spy-h100-10-preview-summary": (
+        [CALL10 + "heldout-forecast.json", CALL10 + "waited-preview-forecast.json"],
+        preview_summary,
+        1,
+    ),
+}
