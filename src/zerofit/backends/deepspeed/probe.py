@@ -15,6 +15,7 @@ import deepspeed
 import torch
 from torch import nn
 
+from zerofit.backends.deepspeed.lazy_muon import import_muon_lazily
 from zerofit.backends.terms import BLOCK_LAYERS
 from zerofit.models import build_model
 from zerofit.models.shape import shape_from_preset
@@ -53,6 +54,7 @@ def _initialize(model: nn.Module, config: dict) -> Any:
     """`deepspeed.initialize` as rank zero of the process group in use. The probe makes one
     fake group per measurement: the groups DeepSpeed cached from an earlier one are dropped
     first (its own teardown, `deepspeed.comm.destroy_process_group`, does the same)."""
+    import_muon_lazily()  # every ZeRO optimizer imports it: no compile at import
     release = getattr(deepspeed.utils.groups, "_release_process_group_references", None)
     if release is not None:
         release(None)

@@ -22,6 +22,7 @@ from zerofit.backends.base import DTYPE, Backend, Gate, materialize_from_spec
 from zerofit.backends.deepspeed import nvme_runtime as nvme
 from zerofit.backends.deepspeed.checkpoint import load_ds_file
 from zerofit.backends.deepspeed.ds_json import to_ds_json
+from zerofit.backends.deepspeed.lazy_muon import import_muon_lazily
 from zerofit.backends.torch_common import frozen_, param_groups
 from zerofit.checkpoint.neutral import (
     MODEL,
@@ -55,6 +56,7 @@ def _deepspeed():  # noqa: ANN202 - the module, imported late: it is an optional
         raise UserError(
             "parallel.backend=deepspeed needs DeepSpeed: pip install 'zerofit[deepspeed]'"
         ) from None
+    import_muon_lazily()  # before any ZeRO optimizer imports it, compiling at import
     return deepspeed
 
 
