@@ -112,3 +112,39 @@ def test_a_supervisor_ends_as_its_killed_worker_did_and_says_so(tmp_path: Path) 
 
 def children(pid: int) -> list[int]:
     return [int(p.name) for p in Path("/proc").glob("[0-9]*") if parent_of(int(p.name)) == pid]
+
+
+def test_a_hugging_face_runs_workers_start_with_transformers_where_no_gpu_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`preload_for`: a run of a Hugging Face model preloads transformers' modelling code
+    (`zerofit.models.hf_preload`), only without NVIDIA devices; any other run does not."""
+    from zerofit.launch import forkserver  # here: the module holds the server's state
+
+    devices: list[Path] = []
+    monkeypatch.setattr(Path, "glob", lambda self, pattern: iter(devices))
+    assert forkserver.preload_for(False) == forkserver.PRELOAD
+    assert forkserver.preload_for(True) == forkserver.PRELOAD + forkserver.HF_PRELOAD
+    devices.append(Path("/dev/nvidia0"))
+    assert forkserver.preload_for(True) == forkserver.PRELOAD
+
+
+def test_the_hugging_face_preload_resolves_what_the_workers_ask_for() -> None:
+    """In a fresh interpreter, the preload module leaves transformers' lazy names resolved:
+    a worker forked after it imports nothing more to reach them."""
+    pytest.importorskip("transformers")
+    code = (
+        "import sys\n"
+        "import transformers\n"
+        "before = sorted(n for n in ('AutoConfig', 'AutoModelForCausalLM') if n in vars(transformers))\n"
+        "import zerofit.models.hf_preload\n"
+        "after = sorted(n for n in ('AutoConfig', 'AutoModelForCausalLM') if n in vars(transformers))\n"
+        "print(before, after, 'transformers.modeling_utils' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    # resolved names are set on the lazy module: before, neither; after, both, and the modelling code
+    assert out.stdout.split("\n")[0] == "[] ['AutoConfig', 'AutoModelForCausalLM'] True"

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     )
     if external.in_launched_worker() or external.adopt_slurm_env():
         return _train_joined(cfg, opts)
-    forkserver.start()  # the workers' imports, beside the launcher's own from here
+    forkserver.start(forkserver.preload_for(cfg.model.hf is not None))  # beside the launcher's
     # torch-free path: `zerofit plan` imports every command module; these two import torch
     from zerofit.launch import prepare  # torch-free path: it imports torch
     from zerofit.launch.spawn import spawn  # torch-free path: it imports torch

@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import signal
 from multiprocessing import forkserver, resource_tracker
+from pathlib import Path
 
 # What every worker imports before it trains (torch-free names: nothing is imported here)
 PRELOAD = (
@@ -38,15 +39,28 @@ PRELOAD = (
     "zerofit.backends.fsdp.runtime",
     "zerofit.backends.ddp.runtime",
 )
+# A Hugging Face model's workers also import transformers (`zerofit.models.hf_preload`), preloaded
+# only for such a run (~3 s more in the server, which every other run would wait for) and only
+# where no NVIDIA device is present: as with DeepSpeed, a library that asked CUDA anything at
+# import would leave the forks no usable GPU, and transformers' import is not checked for that
+HF_PRELOAD = ("zerofit.models.hf_preload",)
 METHOD = "forkserver"
 
 
-def start() -> None:
-    """Start this process's fork server now, importing `PRELOAD` while the caller goes on. It is
-    stopped when this process exits: a launcher that refuses its input (exit 2) leaves no server
-    importing on (it would read the end of its pipe only once its imports were done)."""
+def preload_for(hf_model: bool) -> tuple[str, ...]:
+    """What a run's workers import before it trains: `PRELOAD`, and with a Hugging Face model
+    (`hf_model`) on a machine without NVIDIA devices, `HF_PRELOAD`."""
+    gpu = any(Path("/dev").glob("nvidia[0-9]*"))
+    return PRELOAD + (HF_PRELOAD if hf_model and not gpu else ())
+
+
+def start(preload: tuple[str, ...] = PRELOAD) -> None:
+    """Start this process's fork server now, importing `preload` while the caller goes on
+    (multiprocessing skips a module that cannot be imported). It is stopped when this process
+    exits: a launcher that refuses its input (exit 2) leaves no server importing on (it would
+    read the end of its pipe only once its imports were done)."""
     if _server_pid() is None:
-        multiprocessing.set_forkserver_preload(list(PRELOAD))
+        multiprocessing.set_forkserver_preload(list(preload))
         # One OpenMP thread in the server: torch's import starts an OpenMP pool otherwise, and a
         # fork of a process whose pool exists hangs at its first parallel op (libgomp); each
         # worker sets its own count (`zerofit.train.forked`)
