@@ -25,13 +25,13 @@ base=(--nproc 1 --model.preset llama3-1b --data.source stdlib --data.tokenizer b
   --parallel.backend deepspeed --parallel.compile false --train.micro_batch_size 1)
 
 spied() {  # spied NAME STEPS SECONDS ARGS...: a run, sampled for SECONDS s once STEPS steps are logged
-  local name=$1 delay=$2 span=$3; shift 3
+  local name=$1 steps=$2 span=$3; shift 3
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   python3 -m zerofit.cli train "${base[@]}" --log.run_dir "$root/$name" "$@" \
     > "$root/$name.log" 2>&1 &
   local pid=$! waited=0
-  # sample once DELAY steps have been logged (DeepSpeed's start-up over), for at most 120 s
-  until [ "$(wc -l < "$root/$name/metrics.jsonl" 2>/dev/null || echo 0)" -ge "$delay" ] \
+  # sample once STEPS steps have been logged (DeepSpeed's start-up over), waiting 120 s at most
+  until [ "$(wc -l < "$root/$name/metrics.jsonl" 2>/dev/null || echo 0)" -ge "$steps" ] \
     || [ $waited -ge 120 ] || ! kill -0 "$pid" 2>/dev/null; do sleep 1; waited=$((waited + 1)); done
   if kill -0 "$pid" 2>/dev/null; then
     "$spy" record --subprocesses --threads --idle --nonblocking --rate 250 --format raw \

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from doc_checks_host_probe_h100_2 import as_called, probe_table
+from doc_checks_host_probe_h100_2 import as_called, ds_probe_table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -26,7 +26,6 @@ DATA = ROOT / "docs" / "benchmarks" / "data"
 RUNS = ("z1", "z2")
 # leaves that wait on the GPU: a read of a device value, a copy from a Python number, a sync
 WAITS = ("is_invalid_grad_norm", "mask_nan_or_inf_with_val_inplace", "synchronize", "item")
-HOOKS = ("deepspeed", "deepspeed/zero12", "deepspeed/zero1-accumulating")
 
 
 def _main_thread(folder: str, run: str) -> list[tuple[list[str], int]]:
@@ -111,11 +110,7 @@ DS_SPY_H100_9: dict[str, tuple[list[str], Callable[[], Any], int]] = {
         spied(CALL11, ("z3", "z2b")),
         1,
     ),
-    "ds-spy-h100-10-probe": (
-        [CALL10 + "host-probe.json"],
-        probe_table(CALL10, HOOKS, ("fsdp fused", "deepspeed offload step"), pcie=True),
-        1,
-    ),
+    "ds-spy-h100-10-probe": ([CALL10 + "host-probe.json"], ds_probe_table(CALL10), 1),
     "ds-spy-h100-10-called": ([CALL10 + "heldout-forecast.json"], as_called(CALL10), 1),
     "ds-spy-h100-10-preview": (
         [CALL10 + "heldout-forecast.json", CALL10 + "waited-preview-forecast.json"],

@@ -86,6 +86,16 @@ def probe_table(
     return table
 
 
+# the seventh call on: DeepSpeed's three kinds of hook, its two host optimizers, and the PCIe rate
+DS_HOOKS = ("deepspeed", "deepspeed/zero12", "deepspeed/zero1-accumulating")
+DS_ADAMS = ("fsdp fused", "deepspeed offload step")
+
+
+def ds_probe_table(folder: str) -> Callable[[], dict[str, list]]:
+    """A probe of the seventh call on, as those write-ups table it (`probe_table`)."""
+    return probe_table(folder, DS_HOOKS, DS_ADAMS, pcie=True)
+
+
 PARTS = ("compute", "optimizer", "idle", "host")  # a profile's parts, as the write-ups table them
 
 
@@ -98,7 +108,7 @@ def profile_row(summary: dict[str, Any], adam_kernel: str) -> list[float]:
     return [summary["wall_ms"] / steps, *parts, adam / steps]
 
 
-def _called(folder: str, drop: tuple[str, ...] = ()) -> dict[str, list]:
+def called_rows(folder: str, drop: tuple[str, ...] = ()) -> dict[str, list]:
     """Per run of `folder`'s heldout-forecast.json, but those of the groups in `drop`."""
     rows = json.loads((DATA / folder / "heldout-forecast.json").read_text())
     out = {}
@@ -114,7 +124,7 @@ def _called(folder: str, drop: tuple[str, ...] = ()) -> dict[str, list]:
 
 def as_called(folder: str) -> Callable[[], dict[str, list]]:
     """Per run as the call forecast it: measured s, forecast s, error %, memory error %."""
-    return lambda: _called(folder)
+    return lambda: called_rows(folder)
 
 
 def as_called_summary(
@@ -124,10 +134,10 @@ def as_called_summary(
     also among the runs held out, all but those."""
 
     def summary() -> list[str]:
-        rows = _called(folder).values()
+        rows = called_rows(folder).values()
         hits = sum(abs(err) <= 10 for _, _, err, _ in rows)
         memory = sum(abs(mem) <= 5 for _, _, _, mem in rows)
-        held = _called(folder, repeats or ()).values()
+        held = called_rows(folder, repeats or ()).values()
         held_hits = sum(abs(err) <= 10 for _, _, err, _ in held)
         said = f"{hits} of {len(rows)} within 10%; memory within 5% in {memory} of {len(rows)}"
         if repeats is None:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from doc_checks_host_probe_h100_2 import as_called, as_called_summary, probe_table, profile_row
+from doc_checks_host_probe_h100_2 import as_called, as_called_summary, ds_probe_table, profile_row
 
 DOC = "docs/benchmarks/2026-12-07-host-probe-h100-7.md"
 CALL7 = "2026-12-07-host-probe-h100-7/"
@@ -20,7 +20,6 @@ PROFILES = {  # the profiled runs' summaries, as benchmarks/bundle_results.py ga
     "new8-zero1-15x4p": "new8-zero1-15x4p/00-zero1_eager_1x1024_x4/profile/summary.json",
     "new8-zero3-15x3p": "new8-zero3-15x3p/00-zero3_eager_1x512_x3/profile/summary.json",
 }
-HOOKS = ("deepspeed", "deepspeed/zero12", "deepspeed/zero1-accumulating")
 
 
 def _profile(name: str) -> dict[str, Any]:
@@ -42,11 +41,7 @@ def waits() -> dict[str, list]:
 
 
 HOST_PROBE_H100_7: dict[str, tuple[list[str], Callable[[], Any], int]] = {
-    "host-probe-h100-7-probe": (
-        [CALL7 + "host-probe.json"],
-        probe_table(CALL7, HOOKS, ("fsdp fused", "deepspeed offload step"), pcie=True),
-        1,
-    ),
+    "host-probe-h100-7-probe": ([CALL7 + "host-probe.json"], ds_probe_table(CALL7), 1),
     "host-probe-h100-7-called": ([CALL7 + "heldout-forecast.json"], as_called(CALL7), 1),
     "host-probe-h100-7-called-summary": (
         [CALL7 + "heldout-forecast.json"],

@@ -10,13 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from doc_checks_host_probe_h100_2 import _called, as_called, probe_table
+from doc_checks_host_probe_h100_2 import as_called, called_rows, ds_probe_table
 
 DOC = "docs/benchmarks/2026-12-07-timer-h100-8.md"
 CALL8 = "2026-12-07-timer-h100-8/"
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "benchmarks" / "data"
-HOOKS = ("deepspeed", "deepspeed/zero12", "deepspeed/zero1-accumulating")
 ON = " timer on"  # the suffix of a pair's variant with the timer on
 
 
@@ -70,7 +69,7 @@ def losses() -> list[str]:
 def called_summary() -> list[str]:
     """Of the runs with the timer off (zerofit's runs as they now are: held out), how many within
     10%; memory within 5% over all the call's runs."""
-    rows = _called(CALL8)
+    rows = called_rows(CALL8)
     held = [v for name, v in rows.items() if not name.endswith(ON)]
     hits = sum(abs(err) <= 10 for _, _, err, _ in held)
     memory = sum(abs(mem) <= 5 for _, _, _, mem in rows.values())
@@ -83,11 +82,7 @@ def called_summary() -> list[str]:
 TIMER_H100_8: dict[str, tuple[list[str], Callable[[], Any], int]] = {
     "timer-h100-8-ab": ([CALL8 + "all-results.json"], timer_ab, 1),
     "timer-h100-8-losses": ([CALL8 + "all-results.json"], losses, 1),
-    "timer-h100-8-probe": (
-        [CALL8 + "host-probe.json"],
-        probe_table(CALL8, HOOKS, ("fsdp fused", "deepspeed offload step"), pcie=True),
-        1,
-    ),
+    "timer-h100-8-probe": ([CALL8 + "host-probe.json"], ds_probe_table(CALL8), 1),
     "timer-h100-8-called": ([CALL8 + "heldout-forecast.json"], as_called(CALL8), 1),
     "timer-h100-8-called-summary": ([CALL8 + "heldout-forecast.json"], called_summary, 1),
 }
