@@ -11,7 +11,7 @@
 #   fast-lora also runs zerofit eager and compiled without model.lean_ops at stock's split.
 #   issue 26's PHASEs: qlora-probe (1B) | qlora-8b (LIMIT GiB per GPU, default 23: a 24 GB card)
 #   | qlora-70b (zerofit alone, the whole card) | qlora-ac-probe (1B) | qlora-8b-splits |
-#   qlora-8b-host: see qlora_* below. issue 28's PHASEs: dpo-8b | dpo-8b-mem | dpo-8b-ac | dpo-8b-ac2 | dpo-1b
+#   qlora-8b-host | qlora-8b-zerofit: see qlora_* below. issue 28's PHASEs: dpo-8b | dpo-8b-mem | dpo-8b-ac | dpo-8b-ac2 | dpo-1b
 #   (TRL's DPOTrainer beside zerofit's DPO): see dpo_* below.
 # FIXTURE is what `python benchmarks/sft_fixture.py FIXTURE` made (model-1b, model-8b, chat.jsonl).
 # Each zerofit variant runs under `zerofit bench` (own processes, median step time after warm-up);
@@ -159,11 +159,15 @@ qlora_8b_splits() {  # the split of 16 rows per step, capped at LIMIT GiB, besid
 }
 qlora_8b_host() {  # after the host-time cuts (documents' bounds on the host, the 4-bit rebuild
   # in one kernel): stock compiled first (the call's anchor), then zerofit's splits of 16 rows
-  local lim=${LIMIT:-23} one="train.micro_batch_size=1 train.grad_accum_steps=16"
+  local lim=${LIMIT:-23}
   local split="train.micro_batch_size=4 train.grad_accum_steps=4 parallel.activation_checkpointing=full"
   # shellcheck disable=SC2086
   stock 8b-qlora-stock-liger-compile 200 $qlora $m8 $split --liger --qlora --compile \
     --memory-limit-gib "$lim"
+  qlora_8b_zerofit
+}
+qlora_8b_zerofit() {  # zerofit's two splits of qlora-8b-host alone (with PROFILE=N: profiled)
+  local lim=${LIMIT:-23} one="train.micro_batch_size=1 train.grad_accum_steps=16"
   # one bench per split: each writes its results.json before the next starts
   zerofit 8b-qlora-host-1x16 190 $qlora $m8 "train.gpu_memory_limit=${lim}GiB" \
     --variant "ddp 1 x 16, no AC: parallel.backend=ddp $one parallel.activation_checkpointing=none"
@@ -238,6 +242,7 @@ qlora-8b) qlora_8b ;;
 qlora-70b) qlora_70b ;;
 qlora-8b-splits) qlora_8b_splits ;;
 qlora-8b-host) qlora_8b_host ;;
+qlora-8b-zerofit) qlora_8b_zerofit ;;
 dpo-8b) dpo_8b ;;
 dpo-8b-mem) dpo_8b_mem ;;
 dpo-8b-ac) dpo_8b_ac ;;
