@@ -166,13 +166,20 @@ qlora_8b_host() {  # after the host-time cuts (documents' bounds on the host, th
     --memory-limit-gib "$lim"
   qlora_8b_zerofit
 }
-qlora_8b_zerofit() {  # zerofit's two splits of qlora-8b-host alone (with PROFILE=N: profiled)
-  local lim=${LIMIT:-23} one="train.micro_batch_size=1 train.grad_accum_steps=16"
-  # one bench per split: each writes its results.json before the next starts
-  zerofit 8b-qlora-host-1x16 190 $qlora $m8 "train.gpu_memory_limit=${lim}GiB" \
-    --variant "ddp 1 x 16, no AC: parallel.backend=ddp $one parallel.activation_checkpointing=none"
-  zerofit 8b-qlora-host-2x8 190 $qlora $m8 "train.gpu_memory_limit=${lim}GiB" \
-    --variant "2 x 8, planner's choice: train.micro_batch_size=2 train.grad_accum_steps=8"
+qlora_8b_zerofit() {  # zerofit's splits of qlora-8b-host alone: SPLITS (default "1x16 2x8"),
+  # each bench named 8b-qlora-host-SPLIT (with TAG set: -TAG after it), LIMIT_S s at most
+  # (default 190); PROFILE=N profiles them
+  local lim=${LIMIT:-23} split
+  for split in ${SPLITS:-1x16 2x8}; do
+    # one bench per split: each writes its results.json before the next starts
+    case $split in
+    1x16) zerofit "8b-qlora-host-1x16${TAG:+-$TAG}" "${LIMIT_S:-190}" $qlora $m8 "train.gpu_memory_limit=${lim}GiB" \
+      --variant "ddp 1 x 16, no AC: parallel.backend=ddp train.micro_batch_size=1 train.grad_accum_steps=16 parallel.activation_checkpointing=none" ;;
+    2x8) zerofit "8b-qlora-host-2x8${TAG:+-$TAG}" "${LIMIT_S:-190}" $qlora $m8 "train.gpu_memory_limit=${lim}GiB" \
+      --variant "2 x 8, planner's choice: train.micro_batch_size=2 train.grad_accum_steps=8" ;;
+    *) echo "unknown split $split" ;;
+    esac
+  done
 }
 # Issue 28: DPO. Stock is TRL's DPOTrainer (benchmarks/stock_dpo.py) on the fixture's pairs.jsonl,
 # with PEFT for LoRA, eager and with Liger Kernel; zerofit runs configs/dpo-lora.yaml (8B LoRA)

@@ -338,6 +338,7 @@ def test_hf_varlen_kernel_matches_masked_sdpa() -> None:
     import torch.nn.functional as F
 
     transformers = pytest.importorskip("transformers")
+    from zerofit.models import doc_attention
     from zerofit.models import hf_attention as va
     from zerofit.models.hf_head import HFCausalLM
 
@@ -388,6 +389,12 @@ def test_hf_varlen_kernel_matches_masked_sdpa() -> None:
     plain = F.scaled_dot_product_attention(q.float(), kr, vr, is_causal=True).transpose(1, 2)
     assert (got - want).abs().max().item() < 2e-2
     assert (plain - want).abs().max().item() > 0.2
+    # The bounds padded with empty documents at the end (as the trainer passes them): the same.
+    padded = doc_attention.document_bounds(positions.cpu(), 64).cuda()
+    assert padded.numel() == 64 > cu.numel()
+    again = va.varlen_attention(torch.nn.Module(), q, k, v, None, scaling=32**-0.5, **{
+        va.CU_KEY: padded, va.MAX_KEY: longest})[0].float()  # fmt: skip
+    assert torch.equal(again, got)
 
 
 # --------------------------------------------------------------------------- fp8 (torchao float8)

@@ -152,6 +152,22 @@ def test_doc_bounds_follow_transformers_packing_rule() -> None:
     assert va.doc_bounds(None, 3, 5, torch.device("cpu"))[0].tolist() == [0, 5, 10, 15]
 
 
+def test_padded_bounds_are_one_shape_and_the_same_documents() -> None:
+    """Bounds padded to a multiple (empty documents at the end): one length for batches with
+    different counts of documents, and the same dense mask as the bounds unpadded."""
+    _, _, positions = _packed_batch()
+    plain = doc_attention.document_bounds(positions)
+    padded = doc_attention.document_bounds(positions, 16)
+    assert padded.numel() == 16 and padded.dtype == torch.int32
+    assert torch.equal(padded[: plain.numel()], plain)
+    assert padded[plain.numel() :].tolist() == [positions.numel()] * (16 - plain.numel())
+    fewer = doc_attention.document_bounds(torch.arange(24).repeat(2, 1), 16)
+    assert fewer.tolist() == [0, 24] + [48] * 14  # two documents: the same length
+    assert torch.equal(va._dense_mask(padded, 2, 24), va._dense_mask(plain, 2, 24))
+    exact = doc_attention.document_bounds(torch.arange(24).repeat(2, 1), 3)
+    assert exact.tolist() == [0, 24, 48]  # already a multiple: nothing added
+
+
 def test_dense_mask_equals_transformers_packed_mask() -> None:
     from transformers.masking_utils import create_causal_mask
 

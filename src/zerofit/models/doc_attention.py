@@ -20,6 +20,10 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 USE_FLEX = True  # FlexAttention on CUDA (False: dense-mask SDPA everywhere)
+# The documents' bounds a micro-batch passes are padded to a multiple of this: one shape for
+# nearly every batch (rows of a few thousand tokens hold fewer than 63 documents), so a compiled
+# block neither recompiles for a new count nor, under CUDA graphs, records a graph per count.
+BOUNDS_MULTIPLE = 64
 _compiled_flex: Any = None
 _last: tuple[torch.Tensor, int, BlockMask] | None = None  # (docs, its version, block mask)
 
@@ -29,16 +33,21 @@ def document_ids(positions: torch.Tensor) -> torch.Tensor:
     return (positions == 0).cumsum(dim=1, dtype=torch.int32)
 
 
-def document_bounds(positions: torch.Tensor) -> torch.Tensor:
+def document_bounds(positions: torch.Tensor, multiple: int = 1) -> torch.Tensor:
     """int32 [N+1]: where each of the N packed documents of the [B, T] `positions` starts in the
     flattened batch, then B*T (FlashAttention varlen's cumulative lengths). A row's first token
     starts a document, and so does each token whose position is not the previous one's plus one
-    (transformers' rule). On the host, before the batch moves, it costs no device sync."""
+    (transformers' rule). On the host, before the batch moves, it costs no device sync.
+
+    `multiple`: B*T is repeated until the length is a multiple of it, as empty documents at the
+    end (they attend nothing and cost nothing), so that batches with different counts of
+    documents give the compiled blocks the same shape (`BOUNDS_MULTIPLE`)."""
     starts = torch.ones_like(positions, dtype=torch.bool)
     starts[:, 1:] = positions[:, 1:] - positions[:, :-1] != 1
     idx = starts.flatten().nonzero().flatten()
     end = torch.tensor([positions.numel()], dtype=idx.dtype, device=positions.device)
-    return torch.cat([idx, end]).to(torch.int32)
+    pad = -(idx.numel() + 1) % multiple
+    return torch.cat([idx, end.expand(1 + pad)]).to(torch.int32)
 
 
 def dense_document_mask(docs: torch.Tensor) -> torch.Tensor:
