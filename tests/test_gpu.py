@@ -12,6 +12,7 @@ test was added, mostly process start-up and Inductor compiling.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import time
@@ -351,7 +352,9 @@ def test_hf_varlen_kernel_matches_masked_sdpa() -> None:
     models = {}
     for impl in (va.NAME, "sdpa"):
         torch.manual_seed(0)
-        hf = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl)
+        # a config each: the attention chosen is kept on the config object, shared otherwise
+        own = copy.deepcopy(cfg)
+        hf = transformers.AutoModelForCausalLM.from_config(own, attn_implementation=impl)
         models[impl] = HFCausalLM(hf.to("cuda", torch.bfloat16), loss_chunk=128, fused=True)
     assert models[va.NAME].varlen and not models["sdpa"].varlen
     gen = torch.Generator().manual_seed(1)

@@ -113,12 +113,36 @@ def test_bounds_computed_on_the_host_are_used_as_given(
     from transformers import masking_utils
 
     monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", no_device_bounds)
-    model.zero_grad(set_to_none=True)
-    loss = model(*batch, documents=documents)
-    loss.backward()
-    assert loss.item() == pytest.approx(want_loss, rel=1e-6)
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, want_grads[name], rtol=1e-5, atol=1e-6, msg=name)
+    # as given, and padded with empty documents at the end as the trainer passes them
+    for given in (documents, doc_attention.document_bounds(batch[2], 16)):
+        model.zero_grad(set_to_none=True)
+        loss = model(*batch, documents=given)
+        loss.backward()
+        assert loss.item() == pytest.approx(want_loss, rel=1e-6)
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, want_grads[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_config_switched_to_another_attention_is_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers keeps the attention implementation on the config object, and a model built
+    from the same config with another one (``from_config(cfg, attn_implementation="sdpa")``)
+    switches it for every model sharing it. The adapter must follow the config as it is at each
+    call: passing the documents and the 4-D placeholder mask to SDPA would attend across the whole
+    row, causal mask included (on an H100, a two-model test's gradients came out 145% off)."""
+    folder, reference = _saved(tmp_path, "llama")
+    model = _ours(folder, reference)
+    batch = _packed_batch()
+    want_loss, want_grads = _loss_and_grads(model, batch)  # CPU: transformers' mask + SDPA
+    transformers.AutoModelForCausalLM.from_config(model.hf.config, attn_implementation="sdpa")
+    assert model.hf.config._attn_implementation == "sdpa" and not model.varlen
+    monkeypatch.setattr(va, "runs_varlen", lambda device: True)
+    monkeypatch.setattr(hf_head, "runs_varlen", lambda device: True)
+    loss, grads = _loss_and_grads(model, batch)
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, want_grads[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_cuda_branch_without_bounds_refuses(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -60,11 +60,18 @@ class HFCausalLM(nn.Module):
         super().__init__()
         self.hf = model
         self.fused = fused
-        self.varlen = getattr(model.config, "_attn_implementation", None) == VARLEN
         if fused:
             head = model.get_output_embeddings()
             head.__class__ = LMHead  # same module, parameters and hooks; forward(h, targets)
             head.loss_chunk = loss_chunk
+
+    @property
+    def varlen(self) -> bool:
+        """Whether the model runs ``zerofit_varlen``, read from its config at each call, as
+        transformers reads it: the choice lives on the config object, which a model built from
+        the same config with another attention (``from_config(cfg, attn_implementation=...)``)
+        switches for every model sharing it."""
+        return getattr(self.hf.config, "_attn_implementation", None) == VARLEN
 
     def forward(
         self,
