@@ -348,18 +348,19 @@ def test_parameters_on_nvme_train_a_deep_model_under_recomputation(tmp_path: Pat
     """Eight blocks whose matrices all go to the disk, recomputed in backward: with DeepSpeed's
     reuse distance every block stayed gathered, each holding its swap buffers, and the fetch of a
     recomputed block found none ("Not enough buffers 0 for swapping 3"; an H100 run of 2.0B
-    parameters failed so, with 7). One rank, four steps."""
+    parameters failed so, with 7). One rank, two steps (the second fetches what the first's
+    optimizer step wrote back): the test is bound by the disk, not the CPU."""
     why = nvme.aio_missing()
     if why:
         pytest.skip(f"DeepSpeed's async_io op cannot build here: {why}")
     (tmp_path / "ds.json").write_text(json.dumps(ALL_ON_DISK))
     (tmp_path / "ssd").mkdir()
     ds = {**NVME, "offload_param": "nvme", "nvme_path": str(tmp_path / "ssd"), "config": str(tmp_path / "ds.json")}  # fmt: skip
-    deep = {"model": {"overrides": {"n_layers": 8, "ffn_dim": 2048}}, "train": {"steps": 4},
+    deep = {"model": {"overrides": {"n_layers": 8, "ffn_dim": 2048}}, "train": {"steps": 2},
             "parallel": {"backend": "deepspeed", "activation_checkpointing": "full", "deepspeed": ds},
             "checkpoint": {"every": 0, "save_final": False}}  # fmt: skip
     run = train_run(tmp_path, "deep", deep, "--nproc", "1")
-    assert len(losses(run)) == 4
+    assert len(losses(run)) == 2
 
 
 def test_plan_proposes_nvme_when_gpus_and_host_ram_cannot_hold_it(
