@@ -130,7 +130,8 @@ def test_a_config_switched_to_another_attention_is_followed(
     from the same config with another one (``from_config(cfg, attn_implementation="sdpa")``)
     switches it for every model sharing it. The adapter must follow the config as it is at each
     call: passing the documents and the 4-D placeholder mask to SDPA would attend across the whole
-    row, causal mask included (on an H100, a two-model test's gradients came out 145% off)."""
+    row, causal mask included (on an H100, a two-model test's gradients came out 111-159% off:
+    docs/benchmarks/data/2026-12-07-varlen-shared-config-h100)."""
     folder, reference = _saved(tmp_path, "llama")
     model = _ours(folder, reference)
     batch = _packed_batch()
