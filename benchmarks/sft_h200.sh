@@ -11,7 +11,7 @@
 #   fast-lora also runs zerofit eager and compiled without model.lean_ops at stock's split.
 #   issue 26's PHASEs: qlora-probe (1B) | qlora-8b (LIMIT GiB per GPU, default 23: a 24 GB card)
 #   | qlora-70b (zerofit alone, the whole card) | qlora-ac-probe (1B) | qlora-8b-splits |
-#   qlora-8b-host | qlora-8b-zerofit: see qlora_* below. issue 28's PHASEs: dpo-8b | dpo-8b-mem | dpo-8b-ac | dpo-8b-ac2 | dpo-1b
+#   qlora-8b-host | qlora-8b-zerofit | qlora-graphs: see qlora_* below. issue 28's PHASEs: dpo-8b | dpo-8b-mem | dpo-8b-ac | dpo-8b-ac2 | dpo-1b
 #   (TRL's DPOTrainer beside zerofit's DPO): see dpo_* below.
 # FIXTURE is what `python benchmarks/sft_fixture.py FIXTURE` made (model-1b, model-8b, chat.jsonl).
 # Each zerofit variant runs under `zerofit bench` (own processes, median step time after warm-up);
@@ -182,6 +182,13 @@ qlora_8b_zerofit() {  # zerofit's splits of qlora-8b-host alone: SPLITS (default
     esac
   done
 }
+qlora_graphs() {  # each split of SPLITS as qlora-8b-zerofit runs it, then again with Inductor's
+  # CUDA graphs on every compiled graph (TORCHINDUCTOR_CUDAGRAPHS=1, as mode="reduce-overhead"),
+  # named -graphs: whether replaying each block's kernels as one graph frees the GPU from the
+  # host's launches at small micro-batches
+  qlora_8b_zerofit
+  TORCHINDUCTOR_CUDAGRAPHS=1 TAG=graphs PROFILE='' qlora_8b_zerofit
+}
 # Issue 28: DPO. Stock is TRL's DPOTrainer (benchmarks/stock_dpo.py) on the fixture's pairs.jsonl,
 # with PEFT for LoRA, eager and with Liger Kernel; zerofit runs configs/dpo-lora.yaml (8B LoRA)
 # and the same without adapters (1B full DPO: its reference precomputed over data.max_tokens).
@@ -251,6 +258,7 @@ qlora-70b) qlora_70b ;;
 qlora-8b-splits) qlora_8b_splits ;;
 qlora-8b-host) qlora_8b_host ;;
 qlora-8b-zerofit) qlora_8b_zerofit ;;
+qlora-graphs) qlora_graphs ;;
 dpo-8b) dpo_8b ;;
 dpo-8b-mem) dpo_8b_mem ;;
 dpo-8b-ac) dpo_8b_ac ;;
