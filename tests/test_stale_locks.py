@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from zerofit.faults import stale_locks
 from zerofit.faults.stale_locks import candidate_locks, clear_stale_build_locks
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -57,3 +58,23 @@ def test_a_missing_or_foreign_cache_is_left_alone(tmp_path: Path) -> None:
     os.symlink(link_target, tmp_path / "op" / "lock")
     assert clear_stale_build_locks(tmp_path) == []  # a symlink is never followed
     assert link_target.exists()
+
+
+def test_a_lock_being_released_is_left_to_its_builder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's FileBaton closes its lock, then removes it. A lock seen unheld in between is
+    removed by its builder while the cleaner waits (`settle`); the cleaner must not remove it
+    first, or the builder's own removal fails (ENOENT, which ended a DeepSpeed run of the
+    suite). The builder's removal runs inside the wait here, as it would on a busy machine."""
+    lock = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    os.close(os.open(lock, os.O_CREAT | os.O_EXCL))  # the builder has just closed it
+    released = []
+    monkeypatch.setattr(stale_locks, "settle", lambda: released.append(os.remove(lock)))
+    assert clear_stale_build_locks(tmp_path) == []
+    assert released == [None]  # the builder's own os.remove succeeded
+    # A lock nobody removes during the wait is stale and goes.
+    os.close(os.open(lock, os.O_CREAT | os.O_EXCL))
+    monkeypatch.setattr(stale_locks, "settle", lambda: None)
+    assert clear_stale_build_locks(tmp_path) == [lock]

@@ -11,6 +11,12 @@ open is stale. This module removes such locks before DeepSpeed starts, under an 
 own (released by the kernel even if this process dies) so that the ranks of one machine clean one
 at a time: a lock seen by the second rank was created after the first one cleaned, by a live build.
 Only Linux can see other processes' open files (/proc); elsewhere nothing is touched.
+
+A builder releases its lock in two steps, closing it and then removing it. A lock seen unheld in
+between belongs to a live build that is about to remove it itself: removing it first made that
+builder's own removal fail (ENOENT on the lock, which ended a DeepSpeed run of the suite while
+another run's rank cleaned). So an unheld lock is removed only if it is still there, the same
+file and still unheld, after `SETTLE_S`: a released lock is gone by then, a stale one stays.
 """
 
 from __future__ import annotations
@@ -19,11 +25,13 @@ import contextlib
 import fcntl
 import os
 import sys
+import time
 from pathlib import Path
 
 from torch.utils.cpp_extension import get_default_build_root
 
 LOCK_NAME = "lock"  # torch.utils.cpp_extension: <build dir>/lock
+SETTLE_S = 0.5  # how long a lock must stay unheld to be stale (a release takes microseconds)
 
 
 def extension_root() -> Path:
@@ -74,6 +82,25 @@ def clear_stale_build_locks(root: Path | None = None) -> list[Path]:
         return _remove_unheld(root)
 
 
+def settle() -> None:
+    """Wait for builders between closing and removing their locks to remove them."""
+    time.sleep(SETTLE_S)
+
+
+def _unheld(locks: dict[Path, tuple[int, int]], uid: int) -> dict[Path, tuple[int, int]] | None:
+    """Those of `locks` that are still the same file and open in no process (None: unknowable)."""
+    held = open_inodes(uid) if locks else set()
+    if held is None:
+        return None
+    out = {}
+    for path, inode in locks.items():
+        with contextlib.suppress(OSError):  # gone since the listing: a build just ended
+            now = path.stat()  # the same file as listed: no build replaced it since
+            if inode not in held and (now.st_dev, now.st_ino) == inode:
+                out[path] = inode
+    return out
+
+
 def _remove_unheld(root: Path) -> list[Path]:
     uid = os.getuid()
     locks = {}
@@ -82,16 +109,16 @@ def _remove_unheld(root: Path) -> list[Path]:
             st = path.stat()
             if st.st_uid == uid:
                 locks[path] = (st.st_dev, st.st_ino)
-    held = open_inodes(uid) if locks else set()
-    if held is None:
+    unheld = _unheld(locks, uid)
+    if not unheld:
         return []
+    settle()  # a lock being released is removed by its builder meanwhile
+    stale = _unheld(unheld, uid) or {}
     removed = []
-    for path, inode in locks.items():
+    for path in stale:
         with contextlib.suppress(OSError):
-            now = path.stat()  # the same file as before the scan: no build replaced it since
-            if inode not in held and (now.st_dev, now.st_ino) == inode:
-                path.unlink()
-                removed.append(path)
+            path.unlink()
+            removed.append(path)
     return removed
 
 
