@@ -185,7 +185,9 @@ qlora_8b_zerofit() {  # zerofit's splits of qlora-8b-host alone: SPLITS (default
 qlora_graphs() {  # each split of SPLITS as qlora-8b-zerofit runs it, then again with Inductor's
   # CUDA graphs on every compiled graph (TORCHINDUCTOR_CUDAGRAPHS=1, as mode="reduce-overhead"),
   # named -graphs: whether replaying each block's kernels as one graph frees the GPU from the
-  # host's launches at small micro-batches
+  # host's launches at small micro-batches. Set doc_attention.BOUNDS_MULTIPLE to 64 first (after
+  # tests/test_gpu.py -k varlen_kernel passes): unpadded, each new count of documents records
+  # new graphs
   qlora_8b_zerofit
   TORCHINDUCTOR_CUDAGRAPHS=1 TAG=graphs PROFILE='' qlora_8b_zerofit
 }

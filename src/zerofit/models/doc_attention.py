@@ -20,10 +20,13 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 USE_FLEX = True  # FlexAttention on CUDA (False: dense-mask SDPA everywhere)
-# The documents' bounds a micro-batch passes are padded to a multiple of this: one shape for
-# nearly every batch (rows of a few thousand tokens hold fewer than 63 documents), so a compiled
-# block neither recompiles for a new count nor, under CUDA graphs, records a graph per count.
-BOUNDS_MULTIPLE = 64
+# The documents' bounds a micro-batch passes are padded to a multiple of this. At 64: one shape
+# for nearly every batch (rows of a few thousand tokens hold fewer than 63 documents), so that a
+# compiled block neither recompiles for a new count nor, under CUDA graphs, records a graph per
+# count. It stays 1 (no padding) until FlashAttention varlen is seen on a GPU to give the same
+# output with the padding's empty documents (tests/test_gpu.py's varlen kernel test checks it);
+# zero-length sequences have broken other varlen kernels.
+BOUNDS_MULTIPLE = 1
 _compiled_flex: Any = None
 _last: tuple[torch.Tensor, int, BlockMask] | None = None  # (docs, its version, block mask)
 

@@ -14,8 +14,8 @@ from zerofit.models.doc_attention import BOUNDS_MULTIPLE, document_bounds
 def forward(model: nn.Module, batch: Batch, device: torch.device, **kwargs: Any) -> torch.Tensor:
     """The model on a micro-batch: its mean loss over the valid targets (``per_token=True``: each
     place's negative log-likelihood). Positions and the documents' bounds when the rows have them,
-    the bounds from the host's copy (no device sync in forward), padded to one length for nearly
-    every batch (`BOUNDS_MULTIPLE`)."""
+    the bounds from the host's copy (no device sync in forward), padded as `BOUNDS_MULTIPLE`
+    says."""
     inputs, targets = (t.to(device, non_blocking=True) for t in batch[:2])
     if len(batch) < 3:
         return model(inputs, targets, **kwargs)
