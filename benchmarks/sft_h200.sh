@@ -167,19 +167,19 @@ qlora_8b_host() {  # after the host-time cuts (documents' bounds on the host, th
   qlora_8b_zerofit
 }
 qlora_8b_zerofit() {  # zerofit's splits of qlora-8b-host alone: SPLITS (default "1x16 2x8"),
-  # each bench named 8b-qlora-host-SPLIT (with TAG set: -TAG after it), LIMIT_S s at most
-  # (default 190); PROFILE=N profiles them
-  local lim=${LIMIT:-23} split m=${QMODEL:-$m8}  # QMODEL=1b: the 1B shape instead
-  [ "$m" = 1b ] && m=$m1
+  # each bench named SHAPE-qlora-host-SPLIT (with TAG set: -TAG after it), LIMIT_S s at most
+  # (default 190); PROFILE=N profiles them; QMODEL=1b runs the 1B shape instead of the 8B
+  local lim=${LIMIT:-23} split variant shape=${QMODEL:-8b} m=$m8
+  [ "$shape" = 1b ] && m=$m1
   for split in ${SPLITS:-1x16 2x8}; do
-    # one bench per split: each writes its results.json before the next starts
     case $split in
-    1x16) zerofit "8b-qlora-host-1x16${TAG:+-$TAG}" "${LIMIT_S:-190}" $qlora $m "train.gpu_memory_limit=${lim}GiB" \
-      --variant "ddp 1 x 16, no AC: parallel.backend=ddp train.micro_batch_size=1 train.grad_accum_steps=16 parallel.activation_checkpointing=none" ;;
-    2x8) zerofit "8b-qlora-host-2x8${TAG:+-$TAG}" "${LIMIT_S:-190}" $qlora $m "train.gpu_memory_limit=${lim}GiB" \
-      --variant "2 x 8, planner's choice: train.micro_batch_size=2 train.grad_accum_steps=8" ;;
-    *) echo "unknown split $split" ;;
+    1x16) variant="ddp 1 x 16, no AC: parallel.backend=ddp train.micro_batch_size=1 train.grad_accum_steps=16 parallel.activation_checkpointing=none" ;;
+    2x8) variant="2 x 8, planner's choice: train.micro_batch_size=2 train.grad_accum_steps=8" ;;
+    *) echo "unknown split $split"; continue ;;
     esac
+    # one bench per split: each writes its results.json before the next starts
+    zerofit "$shape-qlora-host-$split${TAG:+-$TAG}" "${LIMIT_S:-190}" $qlora $m \
+      "train.gpu_memory_limit=${lim}GiB" --variant "$variant"
   done
 }
 qlora_graphs() {  # each split of SPLITS as qlora-8b-zerofit runs it, then again with Inductor's

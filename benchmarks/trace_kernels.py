@@ -16,7 +16,7 @@ import json
 import re
 from pathlib import Path
 
-from zerofit.report.profiling import KERNEL, STEP, events_from_trace, length, union
+from zerofit.report.profiling import KERNEL, STEP, events_from_trace, length, top_table, union
 
 KINDS = (  # (kind, pattern on the kernel's name)
     ("attention", r"flash|fmha|attn"),
@@ -39,12 +39,9 @@ def summarize(trace: dict, top: int) -> dict:
         e for e in events if e.kind == KERNEL and any(s <= e.start_us <= t for s, t in steps)
     ]
     by_kind: dict[str, float] = {}
-    by_name: dict[str, list[float]] = {}
     for e in kernels:
-        by_kind[kind_of(e.name)] = by_kind.get(kind_of(e.name), 0.0) + e.dur_us
-        entry = by_name.setdefault(e.name, [0, 0.0])
-        entry[0] += 1
-        entry[1] += e.dur_us
+        kind = kind_of(e.name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + e.dur_us
     busy = union((e.start_us, e.start_us + e.dur_us) for e in kernels)
     gaps = [b[0] - a[1] for a, b in zip(busy, busy[1:], strict=False) if b[0] > a[1]]
     edges = (0, *GAPS_US, float("inf"))
@@ -52,7 +49,6 @@ def summarize(trace: dict, top: int) -> dict:
         f"{lo}-{hi}us": round(sum(g for g in gaps if lo <= g < hi) / 1e3, 3)
         for lo, hi in zip(edges, edges[1:], strict=False)
     }
-    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
     return {
         "steps": len(steps),
         "wall_ms": round(length(steps) / 1e3, 3),
@@ -61,8 +57,8 @@ def summarize(trace: dict, top: int) -> dict:
         "device_ms_by_kind": {k: round(v / 1e3, 3) for k, v in sorted(by_kind.items())},
         "idle_gaps_ms_by_length": split,
         "top": [
-            {"name": n[:160], "kind": kind_of(n), "calls": c, "total_ms": round(us / 1e3, 3)}
-            for n, (c, us) in ranked
+            {**row, "kind": kind_of(row["name"])}
+            for row in top_table([(e.name, e.dur_us) for e in kernels], top)
         ],
     }
 
