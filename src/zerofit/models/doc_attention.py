@@ -23,10 +23,10 @@ USE_FLEX = True  # FlexAttention on CUDA (False: dense-mask SDPA everywhere)
 # The documents' bounds a micro-batch passes are padded to a multiple of this. At 64: one shape
 # for nearly every batch (rows of a few thousand tokens hold fewer than 63 documents), so that a
 # compiled block neither recompiles for a new count nor, under CUDA graphs, records a graph per
-# count. It stays 1 (no padding) until FlashAttention varlen is seen on a GPU to give the same
-# output with the padding's empty documents (tests/test_gpu.py's varlen kernel test checks it);
-# zero-length sequences have broken other varlen kernels.
-BOUNDS_MULTIPLE = 1
+# count. FlashAttention varlen gives bitwise the same output with the padding's empty documents
+# (tests/test_gpu.py's varlen kernel test, passed on an H100 on 2026-12-07:
+# docs/benchmarks/data/2026-12-07-qlora-autocast-h100/call1/varlen.txt).
+BOUNDS_MULTIPLE = 64
 _compiled_flex: Any = None
 _last: tuple[torch.Tensor, int, BlockMask] | None = None  # (docs, its version, block mask)
 
