@@ -21,8 +21,8 @@ all; fp16 compute is refused (it would cast them). ``dequantize`` rebuilds the w
 what torchao's ``get_original_weight`` gives (tests/test_nf4.py), in plain torch ops that
 ``torch.compile`` fuses.
 
-``nf4_linear`` computes ``x @ W.T`` with W rebuilt in the input's dtype in forward and again in
-backward (nothing of W's size is kept between them), and gives no gradient to the base.
+``nf4_linear`` computes ``x @ W.T`` with W rebuilt in the input's dtype (autocast's, under
+autocast) in forward and again in backward (nothing of W's size is kept between them), and gives no gradient to the base.
 """
 
 from __future__ import annotations
@@ -184,7 +184,15 @@ class _NF4Linear(torch.autograd.Function):
 def nf4_linear(
     x: torch.Tensor, weight: NF4Weight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``x @ W.T (+ bias)`` for the NF4 weight W; gradients flow to `x` (and `bias`) only."""
+    """``x @ W.T (+ bias)`` for the NF4 weight W; gradients flow to `x` (and `bias`) only.
+
+    Under autocast (DDP's mixed precision) `x` and `bias` are cast to its dtype first, as
+    ``F.linear`` would cast them, so that W is rebuilt in that dtype at once: rebuilt in an fp32
+    input's dtype, autocast would cast all of it again, 4 bytes a weight written and read more."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        x, bias = x.to(dtype), None if bias is None else bias.to(dtype)
     out = _NF4Linear.apply(x, weight.shape, *(weight.pieces()[n] for n in PIECES))
     return out if bias is None else out + bias
 
