@@ -25,7 +25,7 @@ USE_FLEX = True  # FlexAttention on CUDA (False: dense-mask SDPA everywhere)
 # compiled block neither recompiles for a new count nor, under CUDA graphs, records a graph per
 # count. FlashAttention varlen gives bitwise the same output with the padding's empty documents
 # (tests/test_gpu.py's varlen kernel test, passed on an H100 on 2026-12-07:
-# docs/benchmarks/data/2026-12-07-qlora-autocast-h100/call1/varlen.txt).
+# docs/benchmarks/data/2026-12-07-qlora-rebuild-h100/call1/varlen.txt).
 BOUNDS_MULTIPLE = 64
 _compiled_flex: Any = None
 _last: tuple[torch.Tensor, int, BlockMask] | None = None  # (docs, its version, block mask)

@@ -19,7 +19,7 @@ change the bits): the engines store frozen weights in the compute dtype except t
 not cast a parameter already in its ``param_dtype``, and an fp32 run shards without a cast at
 all; fp16 compute is refused (it would cast them). ``dequantize`` rebuilds the weight, bit for bit
 what torchao's ``get_original_weight`` gives (tests/test_nf4.py), in plain torch ops that
-``torch.compile`` fuses.
+``torch.compile`` fuses, or on CUDA in bf16 in one Triton kernel (``zerofit.models.nf4_kernel``).
 
 ``nf4_linear`` computes ``x @ W.T`` with W rebuilt in the input's dtype (autocast's, under
 autocast) in forward and again in backward (nothing of W's size is kept between them), and gives no gradient to the base.
@@ -35,6 +35,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from zerofit.errors import UserError
+
+try:
+    from zerofit.models.nf4_kernel import rebuild_bf16  # optional: Triton (CUDA builds of torch)
+except ImportError:  # no Triton: the torch ops below everywhere
+    rebuild_bf16 = None
+# The bf16 rebuild on CUDA goes through nf4_kernel's Triton kernel. Off until a GPU has run
+# tests/test_gpu_nf4.py (the kernel's bits against the torch ops' and torchao's): no GPU was lent
+# after the kernel was written.
+USE_KERNEL = False
 
 BLOCK = 64  # weights per absmax scale
 SCALER_BLOCK = 256  # scales per int8 factor
@@ -112,6 +121,10 @@ def dequantize(
 
     torchao's bf16 steps (scale / factor, + mean, level x scale), each in fp32 and rounded to bf16
     as eager bf16 arithmetic does: the same bits eager and compiled."""
+    kernel = rebuild_bf16 if USE_KERNEL else None
+    if kernel is not None and dtype == torch.bfloat16 and pieces["codes"].is_cuda:
+        words = (pieces[n] for n in PIECES)  # one kernel: 2.5 bytes a weight (nf4_kernel)
+        return kernel(*words, LEVELS).view(shape)
     bits = as_bits(pieces)
     codes, scales = bits["codes"], bits["scales"]
     factors = bits["factors"].float().unsqueeze(-1)

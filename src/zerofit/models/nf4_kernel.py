@@ -1,0 +1,88 @@
+"""The NF4 rebuild on CUDA in one hand-written Triton kernel: ``rebuild_bf16`` (imported by
+``zerofit.models.nf4`` where Triton is installed).
+
+Compiled by Inductor for an H100, ``nf4.dequantize``'s torch ops ran as two kernels a weight: the
+rebuild, then a ``view`` + ``_to_copy`` kernel whose 118 us for a 4096 x 14336 weight match an
+fp32 copy read back and written in bf16 (10.5 bytes a weight moved where 2.5 suffice: 0.5 of
+codes read, 2 of bf16 written). Inductor on CPU fuses the same ops into one kernel
+(tests/test_nf4.py counts them), so no CPU test sees it. Those kernels took about a quarter of an
+8B QLoRA step's device time (docs/benchmarks/2026-12-07-qlora-rebuild-h100.md).
+This kernel reads each code byte once and writes its two weights as one 32-bit word.
+
+The numbers are ``nf4.dequantize``'s, bit for bit (tests/test_gpu_nf4.py checks it on the GPU): the
+block scale is ``bf16(bf16(scale / factor) + mean)`` with an IEEE division (``div_rn``; Triton's
+plain ``/`` is approximate), each weight is its level (a bf16 value) times that scale, exact in
+fp32, rounded once to bf16 (to nearest, ties to even, as torch casts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+BYTES_PER_PROGRAM = 1024  # code bytes (2,048 weights) per Triton program
+
+
+@triton.jit
+def _rebuild(codes, scales, factors, mean, levels, out, n_bytes, BYTES: tl.constexpr):  # noqa: ANN001, ANN202, N803
+    k = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
+    live = k < n_bytes
+    byte = tl.load(codes + k, mask=live, other=0).to(tl.int32)
+    block = k // 32  # 64 weights (32 bytes) per scale
+    scale = tl.load(scales + block, mask=live, other=0).to(tl.float32)
+    factor = tl.load(factors + block // 256, mask=live, other=1.0).to(tl.float32)
+    ratio = tl.math.div_rn(scale, factor).to(tl.bfloat16).to(tl.float32)
+    per_block = (ratio + tl.load(mean).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
+    high = tl.load(levels + (byte >> 4)) * per_block  # the byte's first weight
+    low = tl.load(levels + (byte & 15)) * per_block
+    first = high.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.uint32)
+    second = low.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.uint32)
+    tl.store(out + k, (first | (second << 16)).to(tl.int32, bitcast=True), mask=live)
+
+
+_TABLES: dict[torch.device, torch.Tensor] = {}  # the levels in fp32, per device
+
+
+@torch.library.custom_op("zerofit::nf4_rebuild_bf16", mutates_args=())
+def rebuild_bf16(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    factors: torch.Tensor,
+    mean: torch.Tensor,
+    levels: Sequence[float],
+) -> torch.Tensor:
+    """The flat bf16 weight that NF4 pieces (as stored or as bytes) on a CUDA device hold;
+    `levels`: the 16 NF4 levels (each read in bf16). Opaque to torch.compile: it runs as it is."""
+    if codes.device not in _TABLES:
+        table = torch.tensor(levels, dtype=torch.bfloat16, device=codes.device)
+        _TABLES[codes.device] = table.float()
+    code_bytes = codes.contiguous().view(torch.uint8)
+    n_bytes = code_bytes.numel()
+    out = torch.empty(2 * n_bytes, dtype=torch.bfloat16, device=codes.device)
+    grid = (triton.cdiv(n_bytes, BYTES_PER_PROGRAM),)
+    _rebuild[grid](
+        code_bytes,
+        scales.contiguous().view(torch.int8),
+        factors.contiguous(),
+        mean,
+        _TABLES[codes.device],
+        out.view(torch.int32),
+        n_bytes,
+        BYTES=BYTES_PER_PROGRAM,
+    )
+    return out
+
+
+@rebuild_bf16.register_fake
+def _(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    factors: torch.Tensor,
+    mean: torch.Tensor,
+    levels: Sequence[float],
+) -> torch.Tensor:
+    n_bytes = codes.numel() * codes.element_size()
+    return codes.new_empty(2 * n_bytes, dtype=torch.bfloat16)
