@@ -72,6 +72,8 @@ from doc_checks_qlora4 import DOC as QLORA4_DOC
 from doc_checks_qlora4 import QLORA4
 from doc_checks_qlora5 import DOC as QLORA5_DOC
 from doc_checks_qlora5 import QLORA5, README_QLORA
+from doc_checks_qlora_rebuild import DOC as QLORA_REBUILD_DOC
+from doc_checks_qlora_rebuild import QLORA_REBUILD
 from doc_checks_speed2 import DOC as S2_DOC
 from doc_checks_speed2 import INDEX_HELDOUT, INDEX_SPEED2, INDEX_ZERO3, README_8B, SPEED2
 from doc_checks_speed2b import DOC as S2B_DOC
@@ -816,6 +818,9 @@ CHECKS["benchmarks-first-k"] = Check(INDEX, *INDEX_FIRST_K)
 CHECKS.update({name: Check(QLORA_DOC, d, fn, key) for name, (d, fn, key) in QLORA.items()})
 CHECKS.update({name: Check(QLORA4_DOC, d, fn, key) for name, (d, fn, key) in QLORA4.items()})
 CHECKS.update({name: Check(QLORA5_DOC, d, fn, key) for name, (d, fn, key) in QLORA5.items()})
+CHECKS.update(
+    {name: Check(QLORA_REBUILD_DOC, d, fn, key) for name, (d, fn, key) in QLORA_REBUILD.items()}
+)
 CHECKS["readme-qlora"] = Check(README, *README_QLORA)
 CHECKS["readme-dpo"] = Check(README, *README_DPO)
 CHECKS["readme-nvme"] = Check(README, *README_NVME)
