@@ -184,10 +184,9 @@ qlora_8b_zerofit() {  # zerofit's splits of qlora-8b-host alone: SPLITS (default
 }
 qlora_graphs() {  # each split of SPLITS as qlora-8b-zerofit runs it, then again with Inductor's
   # CUDA graphs on every compiled graph (TORCHINDUCTOR_CUDAGRAPHS=1, as mode="reduce-overhead"),
-  # named -graphs: whether replaying each block's kernels as one graph frees the GPU from the
-  # host's launches at small micro-batches. Set doc_attention.BOUNDS_MULTIPLE to 64 first (after
-  # tests/test_gpu.py -k varlen_kernel passes): unpadded, each new count of documents records
-  # new graphs
+  # named -graphs. On an H100 on 2026-12-07 the graphs run failed at its first backward (likely a
+  # layer's saved output overwritten by the next layer's replay of the shared graph):
+  # docs/benchmarks/2026-12-07-qlora-rebuild-h100.md
   qlora_8b_zerofit
   TORCHINDUCTOR_CUDAGRAPHS=1 TAG=graphs PROFILE='' qlora_8b_zerofit
 }
