@@ -12,7 +12,10 @@ This kernel reads each code byte once and writes its two weights as one 32-bit w
 The numbers are ``nf4.dequantize``'s, bit for bit (tests/test_gpu_nf4.py checks it on the GPU): the
 block scale is ``bf16(bf16(scale / factor) + mean)`` with an IEEE division (``div_rn``; Triton's
 plain ``/`` is approximate), each weight is its level (a bf16 value) times that scale, exact in
-fp32, rounded once to bf16 (to nearest, ties to even, as torch casts).
+fp32, rounded once to bf16 (to nearest, ties to even, as torch casts). Every rounding is done on
+the bits, as ``nf4._bf16`` does, so that it does not hang on how a conversion rounds: with
+conversions, Triton's CPU interpreter (``TRITON_INTERPRET=1``) gave 16-54% of the
+weights one bf16 step toward zero. tests/test_nf4_kernel_interpreted.py runs it there.
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ BYTES_PER_PROGRAM = 1024  # code bytes (2,048 weights) per Triton program
 
 
 @triton.jit
+def _nearest_bf16(x):  # noqa: ANN001, ANN202
+    """fp32 `x` -> the int32 bits of the nearest bf16 (ties to even) as fp32, low half zero: done
+    on the bits, as `nf4._bf16`, so that no conversion's rounding mode enters."""
+    bits = x.to(tl.int32, bitcast=True)
+    return (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+
+
+@triton.jit
 def _rebuild(codes, scales, factors, mean, levels, out, n_bytes, BYTES: tl.constexpr):  # noqa: ANN001, ANN202, N803
     k = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
     live = k < n_bytes
@@ -34,13 +45,12 @@ def _rebuild(codes, scales, factors, mean, levels, out, n_bytes, BYTES: tl.const
     block = k // 32  # 64 weights (32 bytes) per scale
     scale = tl.load(scales + block, mask=live, other=0).to(tl.float32)
     factor = tl.load(factors + block // 256, mask=live, other=1.0).to(tl.float32)
-    ratio = tl.math.div_rn(scale, factor).to(tl.bfloat16).to(tl.float32)
-    per_block = (ratio + tl.load(mean).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
-    high = tl.load(levels + (byte >> 4)) * per_block  # the byte's first weight
-    low = tl.load(levels + (byte & 15)) * per_block
-    first = high.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.uint32)
-    second = low.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.uint32)
-    tl.store(out + k, (first | (second << 16)).to(tl.int32, bitcast=True), mask=live)
+    ratio = _nearest_bf16(tl.math.div_rn(scale, factor)).to(tl.float32, bitcast=True)
+    per_block = ratio + tl.load(mean).to(tl.float32)
+    per_block = _nearest_bf16(per_block).to(tl.float32, bitcast=True)
+    first = _nearest_bf16(tl.load(levels + (byte >> 4)) * per_block)  # high nibble first
+    second = _nearest_bf16(tl.load(levels + (byte & 15)) * per_block)
+    tl.store(out + k, ((first >> 16) & 0xFFFF) | second, mask=live)  # little-endian pair
 
 
 _TABLES: dict[torch.device, torch.Tensor] = {}  # the levels in fp32, per device
