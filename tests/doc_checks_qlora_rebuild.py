@@ -58,6 +58,25 @@ def rebuild() -> dict[str, list]:
     return rows
 
 
+HELD_OUT = {"1 x 16, no AC": ("1x16", "8b-qlora-host-1x16"),
+            "2 x 8, planner's choice": ("2x8", "8b-qlora-host-2x8")}  # fmt: skip
+
+
+def planner() -> dict[str, list]:
+    """Per call-2 run (held out: the fit read call 1's trace only): measured median step s, the
+    planner's step s with the old rebuild efficiency and the error %, the same with the fitted
+    one, and peak allocated GiB forecast against measured (error %)."""
+    rows = {}
+    for row, (plan, group) in HELD_OUT.items():
+        r = _load("call2/all-results.json")["results"][group]["results"][0]
+        old, new = (_load(f"plans/{plan}-{w}.json")["as_configured"] for w in ("before", "after"))
+        got = r["step_time_s"]
+        rows[row] = [got, old["step_time_s"], 100 * (old["step_time_s"] / got - 1),
+                     new["step_time_s"], 100 * (new["step_time_s"] / got - 1),
+                     100 * (new["peak_allocated_gib"] / r["mem_alloc_gib"] - 1)]  # fmt: skip
+    return rows
+
+
 QLORA_REBUILD: dict[str, tuple[list[str], Callable[[], Any], int]] = {
     "qlora-rebuild-runs": (
         [DIR + f"{c}/all-results.json" for c in ("call1", "call2")]
@@ -66,4 +85,10 @@ QLORA_REBUILD: dict[str, tuple[list[str], Callable[[], Any], int]] = {
         2,
     ),
     "qlora-rebuild-kernels": ([DIR + "call1/8b-qlora-host-1x16-kernels.json"], rebuild, 1),
+    "qlora-rebuild-planner": (
+        [DIR + "call2/all-results.json"]
+        + [DIR + f"plans/{p}-{w}.json" for p, _ in HELD_OUT.values() for w in ("before", "after")],
+        planner,
+        1,
+    ),
 }

@@ -87,10 +87,12 @@ REFERENCE_FLOPS_PER_BYTE = 989.4e12 / 4.8e12  # the H200: dense bf16 peak / memo
 FP8_PEAK = 2.0  # dense float8 / dense bf16 peak, Hopper and Ada (the ceiling of any fp8 gain)
 FP8_GAIN = 1.4  # float8 Linear time / bf16 Linear time, compiled: a lead, unmeasured by zerofit
 FP8_EAGER_GAIN = 1.1  # the same eager (unfused casts): a lead, unmeasured by zerofit
-# QLoRA: share of the memory bandwidth rebuilding an NF4 weight reaches (it reads NF4_BYTES and
-# writes e_c a weight): compiled, one fused kernel; eager, about six elementwise passes. Leads,
-# unmeasured by zerofit until its H200 benchmark.
-DEQUANT_EFFICIENCY = 0.6
+# QLoRA: share of the memory bandwidth rebuilding an NF4 weight reaches, counted as NF4_BYTES read
+# and e_c written a weight. Compiled: fitted on an H100's 8B trace, the 3,072 rebuilds of
+# 4096 x 14336 weights in a step (two Inductor kernels each: 0.208 of 3.35 TB/s;
+# docs/benchmarks/data/2026-12-07-qlora-rebuild-h100/call1, tests/test_nf4.py recomputes it).
+# Eager, about six elementwise passes: a lead, unmeasured.
+DEQUANT_EFFICIENCY = 0.21
 DEQUANT_EAGER_EFFICIENCY = 0.1
 # The host (see the module docstring): seconds of host time per kernel launch (an eager op, a
 # compiled kernel, or selective checkpointing's Python policy call on an op), and per Python
