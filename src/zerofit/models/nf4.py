@@ -19,10 +19,12 @@ change the bits): the engines store frozen weights in the compute dtype except t
 not cast a parameter already in its ``param_dtype``, and an fp32 run shards without a cast at
 all; fp16 compute is refused (it would cast them). ``dequantize`` rebuilds the weight, bit for bit
 what torchao's ``get_original_weight`` gives (tests/test_nf4.py), in plain torch ops that
-``torch.compile`` fuses, or on CUDA in bf16 in one Triton kernel (``zerofit.models.nf4_kernel``).
+``torch.compile`` fuses; on CUDA in bf16, once ``USE_KERNEL`` is on, in one Triton kernel
+(``zerofit.models.nf4_kernel``).
 
 ``nf4_linear`` computes ``x @ W.T`` with W rebuilt in the input's dtype (autocast's, under
-autocast) in forward and again in backward (nothing of W's size is kept between them), and gives no gradient to the base.
+autocast) in forward and again in backward (nothing of W's size is kept between them), and gives
+no gradient to the base.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 Compiled by Inductor for an H100, ``nf4.dequantize``'s torch ops ran as two kernels a weight: the
 rebuild, then a ``view`` + ``_to_copy`` kernel whose 118 us for a 4096 x 14336 weight match an
 fp32 copy read back and written in bf16 (10.5 bytes a weight moved where 2.5 suffice: 0.5 of
-codes read, 2 of bf16 written). Inductor on CPU fuses the same ops into one kernel
-(tests/test_nf4.py counts them), so no CPU test sees it. Those kernels took about a quarter of an
+codes read, 2 of bf16 written). On CPU, Inductor writes the weights of the same ops in one
+kernel (tests/test_nf4.py counts the kernels), so no CPU test sees it. Those kernels took about a quarter of an
 8B QLoRA step's device time (docs/benchmarks/2026-12-07-qlora-rebuild-h100.md).
 This kernel reads each code byte once and writes its two weights as one 32-bit word.
 
@@ -14,8 +14,8 @@ block scale is ``bf16(bf16(scale / factor) + mean)`` with an IEEE division (``di
 plain ``/`` is approximate), each weight is its level (a bf16 value) times that scale, exact in
 fp32, rounded once to bf16 (to nearest, ties to even, as torch casts). Every rounding is done on
 the bits, as ``nf4._bf16`` does, so that it does not hang on how a conversion rounds: with
-conversions, Triton's CPU interpreter (``TRITON_INTERPRET=1``) gave 16-54% of the
-weights one bf16 step toward zero. tests/test_nf4_kernel_interpreted.py runs it there.
+conversions, Triton's CPU interpreter (``TRITON_INTERPRET=1``) gave 16-54% of the weights one
+bf16 step toward zero. tests/test_nf4_kernel_interpreted.py runs it there.
 """
 
 from __future__ import annotations
