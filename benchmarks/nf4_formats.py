@@ -7,7 +7,8 @@ For the linear layers of one Llama-3-8B (or 70B) decoder block, random N(0, 0.02
 - the rebuild's error against the bf16 weight (mean absolute, relative to the mean |w|): the three
   should agree, being the same 16 levels over blocks of 64;
 - on a GPU, the time to rebuild all of the block's weights in bf16 (median of 20, CUDA-synchronised):
-  zerofit's `dequantize` eager and under `torch.compile`, torchao's `get_original_weight`,
+  zerofit's `dequantize` (its torch ops) eager and under `torch.compile`, zerofit's Triton kernel
+  (`zerofit.models.nf4_kernel`, where Triton is installed), torchao's `get_original_weight`,
   bitsandbytes' `dequantize_4bit` (its CUDA kernel).
 """
 
@@ -52,8 +53,10 @@ def formats(weights: list[torch.Tensor]) -> dict[str, dict]:
     """Each format's bytes, error and (on a GPU) rebuild time over `weights`."""
     from torchao.quantization import to_nf4
 
+    from zerofit.models import nf4
     from zerofit.models.nf4 import dequantize, quantize
 
+    nf4.USE_KERNEL = False  # the torch ops' rows; the kernel has its own
     ours = [quantize(w) for w in weights]
     builds = {
         "zerofit pieces": (
@@ -68,6 +71,15 @@ def formats(weights: list[torch.Tensor]) -> dict[str, dict]:
         builds["zerofit pieces"][0],
         lambda: [compiled(p, w.shape, torch.bfloat16) for p, w in zip(ours, weights, strict=True)],
     )
+    kernel = nf4.rebuild_bf16
+    if kernel is not None and torch.cuda.is_available():
+        builds["zerofit pieces, Triton kernel"] = (
+            builds["zerofit pieces"][0],
+            lambda: [
+                kernel(*(p[n] for n in nf4.PIECES), nf4.LEVELS).view(w.shape)
+                for p, w in zip(ours, weights, strict=True)
+            ],
+        )
     ao = [to_nf4(w, 64, 256) for w in weights]
     ao_bytes = sum(
         nbytes(t.quantized_data, t.quantized_scalers, t.quantization_factor, t.scaler_mean, t.nf4)
@@ -90,8 +102,10 @@ def formats(weights: list[torch.Tensor]) -> dict[str, dict]:
     total = sum(w.numel() for w in weights)
     scale = statistics.fmean(float(w.float().abs().mean()) for w in weights)
     out = {}
+    torch_ops = builds["zerofit pieces"][1]()
     for name, (size, build) in builds.items():
         rebuilt = build()
+        same = all(torch.equal(r, t) for r, t in zip(rebuilt, torch_ops, strict=True))
         err = statistics.fmean(
             float((r.float() - w.float()).abs().mean())
             for r, w in zip(rebuilt, weights, strict=True)
@@ -101,6 +115,7 @@ def formats(weights: list[torch.Tensor]) -> dict[str, dict]:
             "bytes_per_weight": size / total,
             "mean_abs_error_rel": err / scale,
             "rebuild_ms": timed(build) * 1e3 if torch.cuda.is_available() else None,
+            "same_bits_as_torch_ops": same,
         }
     return out
 
