@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from zerofit.models.autocast import linear_inputs
 from zerofit.models.lean_ops import fused, swiglu_grads, swiglu_values
 
 NO_MASK = 0  # packed mask length when nothing is dropped
@@ -157,9 +158,7 @@ def _apply(
     Under autocast the tensors are cast to its dtype first, as ``F.linear`` would cast them, and
     the function runs with autocast off: it computes in its inputs' dtype."""
     device = tensors[0].device.type
-    if torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
-        tensors = tuple(t.to(dtype) for t in tensors)
+    tensors = linear_inputs(*tensors)
     with torch.autocast(device, enabled=False):
         return fn.apply(*tensors, dropout if training else 0.0, scale)  # type: ignore[no-any-return]
 

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zerofit.errors import UserError
+from zerofit.models.autocast import linear_inputs
 
 try:
     from zerofit.models.nf4_kernel import rebuild_bf16  # optional: Triton (CUDA builds of torch)
@@ -204,10 +205,7 @@ def nf4_linear(
     Under autocast (DDP's mixed precision) `x` and `bias` are cast to its dtype first, as
     ``F.linear`` would cast them, so that W is rebuilt in that dtype at once: rebuilt in an fp32
     input's dtype, autocast would cast all of it again, 4 bytes a weight written and read more."""
-    device = x.device.type
-    if torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
-        x, bias = x.to(dtype), None if bias is None else bias.to(dtype)
+    x, bias = linear_inputs(x, bias)
     out = _NF4Linear.apply(x, weight.shape, *(weight.pieces()[n] for n in PIECES))
     return out if bias is None else out + bias
 

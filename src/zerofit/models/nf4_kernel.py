@@ -5,12 +5,12 @@ Compiled by Inductor for an H100, ``nf4.dequantize``'s torch ops ran as two kern
 rebuild, then a ``view`` + ``_to_copy`` kernel whose 118 us for a 4096 x 14336 weight match an
 fp32 copy read back and written in bf16 (10.5 bytes a weight moved where 2.5 suffice: 0.5 of
 codes read, 2 of bf16 written). On CPU, Inductor writes the weights of the same ops in one
-kernel (tests/test_nf4.py counts the kernels), so no CPU test sees it. Those kernels took about a quarter of an
-8B QLoRA step's device time (docs/benchmarks/2026-12-07-qlora-rebuild-h100.md).
+kernel (tests/test_nf4.py counts the kernels), so no CPU test sees it. Those kernels took about
+a quarter of an 8B QLoRA step's device time (docs/benchmarks/2026-12-07-qlora-rebuild-h100.md).
 This kernel reads each code byte once and writes its two weights as one 32-bit word.
 
-The numbers are ``nf4.dequantize``'s, bit for bit (tests/test_gpu_nf4.py checks it on the GPU): the
-block scale is ``bf16(bf16(scale / factor) + mean)`` with an IEEE division (``div_rn``; Triton's
+The numbers are ``nf4.dequantize``'s, bit for bit (tests/test_gpu_nf4.py checks it on the GPU):
+the block scale is ``bf16(bf16(scale / factor) + mean)`` with an IEEE division (``div_rn``; Triton's
 plain ``/`` is approximate), each weight is its level (a bf16 value) times that scale, exact in
 fp32, rounded once to bf16 (to nearest, ties to even, as torch casts). Every rounding is done on
 the bits, as ``nf4._bf16`` does, so that it does not hang on how a conversion rounds: with
@@ -53,7 +53,7 @@ def _rebuild(codes, scales, factors, mean, levels, out, n_bytes, BYTES: tl.const
     tl.store(out + k, ((first >> 16) & 0xFFFF) | second, mask=live)  # little-endian pair
 
 
-_TABLES: dict[torch.device, torch.Tensor] = {}  # the levels in fp32, per device
+_TABLES: dict[tuple[torch.device, tuple[float, ...]], torch.Tensor] = {}  # levels in fp32
 
 
 @torch.library.custom_op("zerofit::nf4_rebuild_bf16", mutates_args=())
@@ -66,9 +66,9 @@ def rebuild_bf16(
 ) -> torch.Tensor:
     """The flat bf16 weight that NF4 pieces (as stored or as bytes) on a CUDA device hold;
     `levels`: the 16 NF4 levels (each read in bf16). Opaque to torch.compile: it runs as it is."""
-    if codes.device not in _TABLES:
-        table = torch.tensor(levels, dtype=torch.bfloat16, device=codes.device)
-        _TABLES[codes.device] = table.float()
+    key = (codes.device, tuple(levels))
+    if key not in _TABLES:
+        _TABLES[key] = torch.tensor(levels, dtype=torch.bfloat16, device=codes.device).float()
     code_bytes = codes.contiguous().view(torch.uint8)
     n_bytes = code_bytes.numel()
     out = torch.empty(2 * n_bytes, dtype=torch.bfloat16, device=codes.device)
@@ -78,7 +78,7 @@ def rebuild_bf16(
         scales.contiguous().view(torch.int8),
         factors.contiguous(),
         mean,
-        _TABLES[codes.device],
+        _TABLES[key],
         out.view(torch.int32),
         n_bytes,
         BYTES=BYTES_PER_PROGRAM,
