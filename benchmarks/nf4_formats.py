@@ -76,7 +76,7 @@ def formats(weights: list[torch.Tensor]) -> dict[str, dict]:
         builds["zerofit pieces, Triton kernel"] = (
             builds["zerofit pieces"][0],
             lambda: [
-                kernel(*(p[n] for n in nf4.PIECES), nf4.LEVELS).view(w.shape)
+                kernel(*(p[n] for n in nf4.PIECES), nf4.LEVELS, False).view(w.shape)
                 for p, w in zip(ours, weights, strict=True)
             ],
         )

@@ -11,7 +11,7 @@
 #   fast-lora also runs zerofit eager and compiled without model.lean_ops at stock's split.
 #   issue 26's PHASEs: qlora-probe (1B) | qlora-8b (LIMIT GiB per GPU, default 23: a 24 GB card)
 #   | qlora-70b (zerofit alone, the whole card) | qlora-ac-probe (1B) | qlora-8b-splits |
-#   qlora-8b-host | qlora-8b-zerofit | qlora-graphs: see qlora_* below. issue 28's PHASEs: dpo-8b | dpo-8b-mem | dpo-8b-ac | dpo-8b-ac2 | dpo-1b
+#   qlora-8b-host | qlora-8b-stock | qlora-8b-zerofit | qlora-graphs: see qlora_* below. issue 28's PHASEs: dpo-8b | dpo-8b-mem | dpo-8b-ac | dpo-8b-ac2 | dpo-1b
 #   (TRL's DPOTrainer beside zerofit's DPO): see dpo_* below.
 # FIXTURE is what `python benchmarks/sft_fixture.py FIXTURE` made (model-1b, model-8b, chat.jsonl).
 # Each zerofit variant runs under `zerofit bench` (own processes, median step time after warm-up);
@@ -157,13 +157,16 @@ qlora_8b_splits() {  # the split of 16 rows per step, capped at LIMIT GiB, besid
   stock 8b-qlora-stock-liger-compile 200 $qlora $m8 $split --liger --qlora --compile \
     --memory-limit-gib "$lim"
 }
-qlora_8b_host() {  # after the host-time cuts (documents' bounds on the host, the 4-bit rebuild
-  # in one kernel): stock compiled first (the call's anchor), then zerofit's splits of 16 rows
+qlora_8b_stock() {  # the stock anchor of qlora-8b-host alone: compiled, with Liger, 4 x 4, full AC
   local lim=${LIMIT:-23}
   local split="train.micro_batch_size=4 train.grad_accum_steps=4 parallel.activation_checkpointing=full"
   # shellcheck disable=SC2086
   stock 8b-qlora-stock-liger-compile 200 $qlora $m8 $split --liger --qlora --compile \
     --memory-limit-gib "$lim"
+}
+qlora_8b_host() {  # after the host-time cuts (documents' bounds on the host, the 4-bit rebuild
+  # in one kernel): stock compiled first (the call's anchor), then zerofit's splits of 16 rows
+  qlora_8b_stock
   qlora_8b_zerofit
 }
 qlora_8b_zerofit() {  # zerofit's splits of qlora-8b-host alone: SPLITS (default "1x16 2x8"),
@@ -258,6 +261,7 @@ qlora-8b) qlora_8b ;;
 qlora-70b) qlora_70b ;;
 qlora-8b-splits) qlora_8b_splits ;;
 qlora-8b-host) qlora_8b_host ;;
+qlora-8b-stock) qlora_8b_stock ;;
 qlora-8b-zerofit) qlora_8b_zerofit ;;
 qlora-graphs) qlora_graphs ;;
 dpo-8b) dpo_8b ;;

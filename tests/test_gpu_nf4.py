@@ -75,3 +75,26 @@ def test_a_compiled_4bit_linear_runs_the_kernel_and_matches_eager(
         results.append((out, xi.grad))
     (out_e, grad_e), (out_c, grad_c) = results
     assert torch.equal(out_e, out_c) and torch.equal(grad_e, grad_c)
+
+
+def test_a_compiled_4bit_linear_with_the_kernel_keeps_no_rebuilt_weight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The forward's and the backward's kernel calls stay two calls under torch.compile: the bf16
+    weight is rebuilt in backward, not kept from forward (tests/test_nf4_kept.py on CPU)."""
+    import torch
+    from compiled_saved import kept_for_backward
+
+    pytest.importorskip("torchao.quantization")
+    from zerofit.models import nf4
+
+    if nf4.rebuild_bf16 is None:
+        pytest.skip("no Triton here")
+    monkeypatch.setattr(nf4, "USE_KERNEL", True)  # the test that decides whether it may be on
+    shape = (1024, 512)
+    store = nf4.NF4Weight(shape, device="cuda")
+    for name, value in nf4.quantize(_weight(shape, seed=7).cuda()).items():
+        getattr(store, name).data.copy_(value)
+    x = torch.randn(2, 16, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    kept = kept_for_backward(lambda x: nf4.nf4_linear(x, store), x)
+    assert kept and max(t.numel() for t in kept) < shape[0] * shape[1], kept

@@ -44,9 +44,10 @@ try:
 except ImportError:  # no Triton: the torch ops below everywhere
     rebuild_bf16 = None
 # The bf16 rebuild on CUDA goes through nf4_kernel's Triton kernel. Off until a GPU has run
-# tests/test_gpu_nf4.py (the kernel's bits against the torch ops' and torchao's): no GPU was lent
-# after the kernel was written.
+# tests/test_gpu_nf4.py (the kernel's bits against the torch ops' and torchao's, and what a
+# compiled layer keeps for backward) and an 8B QLoRA run with it.
 USE_KERNEL = False
+KERNEL_DEVICES = ("cuda",)  # where the kernel runs (a CPU test puts a stand-in op there)
 
 BLOCK = 64  # weights per absmax scale
 SCALER_BLOCK = 256  # scales per int8 factor
@@ -118,16 +119,21 @@ def _bf16(x: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize(
-    pieces: dict[str, torch.Tensor], shape: tuple[int, ...] | torch.Size, dtype: torch.dtype
+    pieces: dict[str, torch.Tensor],
+    shape: tuple[int, ...] | torch.Size,
+    dtype: torch.dtype,
+    backward: bool = False,
 ) -> torch.Tensor:
     """The weight the pieces (stored or as bytes) hold, in `dtype` (its bf16 value, then cast).
 
     torchao's bf16 steps (scale / factor, + mean, level x scale), each in fp32 and rounded to bf16
-    as eager bf16 arithmetic does: the same bits eager and compiled."""
+    as eager bf16 arithmetic does: the same bits eager and compiled. `backward`: the rebuild is
+    a backward's (see ``nf4_kernel.rebuild_bf16``)."""
     kernel = rebuild_bf16 if USE_KERNEL else None
-    if kernel is not None and dtype == torch.bfloat16 and pieces["codes"].is_cuda:
+    on = pieces["codes"].device.type in KERNEL_DEVICES
+    if kernel is not None and dtype == torch.bfloat16 and on:
         words = (pieces[n] for n in PIECES)  # one kernel: 2.5 bytes a weight (nf4_kernel)
-        return kernel(*words, LEVELS).view(shape)
+        return kernel(*words, LEVELS, backward).view(shape)
     bits = as_bits(pieces)
     codes, scales = bits["codes"], bits["scales"]
     factors = bits["factors"].float().unsqueeze(-1)
@@ -193,7 +199,7 @@ class _NF4Linear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]  # noqa: ANN001
         pieces = dict(zip(PIECES, ctx.saved_tensors, strict=True))
-        w = dequantize(pieces, ctx.shape, grad.dtype)
+        w = dequantize(pieces, ctx.shape, grad.dtype, backward=True)
         return (grad @ w, None, *(None for _ in PIECES))
 
 

@@ -63,9 +63,16 @@ def rebuild_bf16(
     factors: torch.Tensor,
     mean: torch.Tensor,
     levels: Sequence[float],
+    backward: bool,
 ) -> torch.Tensor:
     """The flat bf16 weight that NF4 pieces (as stored or as bytes) on a CUDA device hold;
-    `levels`: the 16 NF4 levels (each read in bf16). Opaque to torch.compile: it runs as it is."""
+    `levels`: the 16 NF4 levels (each read in bf16). Opaque to torch.compile: it runs as it is.
+
+    `backward` (the kernel ignores it) tells the backward's rebuild from the forward's. Without
+    it the compiler merges the two identical calls into one node (common subexpressions), and
+    since it may not recompute an opaque op, it keeps that node's bf16 weight from forward to
+    backward: 2 bytes a weight of every 4-bit layer held (an 8B QLoRA run out of memory on an
+    H200 at 23 GiB, docs/benchmarks/2026-12-07-qlora-kernel-h200.md)."""
     key = (codes.device, tuple(levels))
     if key not in _TABLES:
         _TABLES[key] = torch.tensor(levels, dtype=torch.bfloat16, device=codes.device).float()
@@ -93,6 +100,7 @@ def _(
     factors: torch.Tensor,
     mean: torch.Tensor,
     levels: Sequence[float],
+    backward: bool,
 ) -> torch.Tensor:
     n_bytes = codes.numel() * codes.element_size()
     return codes.new_empty(2 * n_bytes, dtype=torch.bfloat16)
