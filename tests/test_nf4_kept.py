@@ -1,8 +1,9 @@
 """A compiled 4-bit linear keeps nothing of its rebuilt weight's size for backward, whether the
 weight is rebuilt by the torch ops or by an opaque op (the Triton kernel on CUDA; here a CPU
-stand-in of the same signature). The compiler merges two identical calls of an opaque op into
-one and may not recompute it: the backward's rebuild must be a call of its own, or the bf16 weight
-of every 4-bit layer is held from forward to backward (an 8B QLoRA run out of memory on an H200)."""
+stand-in of its signature, `backward` given a default so that the old call still reaches it).
+The compiler merges two identical calls of an opaque op into one and may not recompute it: the
+backward's rebuild must be a call of its own, or the bf16 weight of every 4-bit layer is held
+from forward to backward (an 8B QLoRA run out of memory on an H200)."""
 
 from __future__ import annotations
 
