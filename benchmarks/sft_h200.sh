@@ -152,10 +152,7 @@ qlora_8b_splits() {  # the split of 16 rows per step, capped at LIMIT GiB, besid
     --variant "ddp 1 x 16, no AC: parallel.backend=ddp $one parallel.activation_checkpointing=none" \
     --variant "2 x 8, planner's choice: $two" \
     --variant "recipe defaults (4 x 4): log.every=1000"
-  local split="train.micro_batch_size=4 train.grad_accum_steps=4 parallel.activation_checkpointing=full"
-  # shellcheck disable=SC2086
-  stock 8b-qlora-stock-liger-compile 200 $qlora $m8 $split --liger --qlora --compile \
-    --memory-limit-gib "$lim"
+  qlora_8b_stock
 }
 qlora_8b_stock() {  # the stock anchor of qlora-8b-host alone: compiled, with Liger, 4 x 4, full AC
   local lim=${LIMIT:-23}

@@ -78,6 +78,16 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(flat[0].view(torch.uint8), flat[1].view(torch.uint8))
 
 
+def nf4_layer(weight: torch.Tensor):  # noqa: ANN201  (a zerofit.models.nf4.NF4Weight)
+    """A frozen 4-bit weight holding `weight` quantised, on `weight`'s device."""
+    from zerofit.models.nf4 import NF4Weight, quantize  # here: the conftest stays torch-free
+
+    store = NF4Weight(tuple(weight.shape), device=weight.device)
+    for name, value in quantize(weight).items():
+        getattr(store, name).data.copy_(value)
+    return store
+
+
 def losses(run_dir: Path) -> dict[int, float]:
     out = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import nf4_layer
 
 pytestmark = pytest.mark.gpu
 
@@ -62,10 +63,7 @@ def test_a_compiled_4bit_linear_runs_the_kernel_and_matches_eager(
     if nf4.rebuild_bf16 is None:
         pytest.skip("no Triton here")
     monkeypatch.setattr(nf4, "USE_KERNEL", True)  # the test that decides whether it may be on
-    shape = (512, 256)
-    store = nf4.NF4Weight(shape, device="cuda")
-    for name, value in nf4.quantize(_weight(shape, seed=5).cuda()).items():
-        getattr(store, name).data.copy_(value)
+    store = nf4_layer(_weight((512, 256), seed=5).cuda())
     x = torch.randn(4, 33, 256, device="cuda", dtype=torch.bfloat16)
     results = []
     for fn in (nf4.nf4_linear, torch.compile(nf4.nf4_linear, fullgraph=True)):
@@ -92,9 +90,7 @@ def test_a_compiled_4bit_linear_with_the_kernel_keeps_no_rebuilt_weight(
         pytest.skip("no Triton here")
     monkeypatch.setattr(nf4, "USE_KERNEL", True)  # the test that decides whether it may be on
     shape = (1024, 512)
-    store = nf4.NF4Weight(shape, device="cuda")
-    for name, value in nf4.quantize(_weight(shape, seed=7).cuda()).items():
-        getattr(store, name).data.copy_(value)
+    store = nf4_layer(_weight(shape, seed=7).cuda())
     x = torch.randn(2, 16, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     kept = kept_for_backward(lambda x: nf4.nf4_linear(x, store), x)
     assert kept and max(t.numel() for t in kept) < shape[0] * shape[1], kept

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch._inductor.metrics as inductor_metrics
 import torch.nn.functional as F
-from conftest import same_bits, write_config
+from conftest import nf4_layer, same_bits, write_config
 
 from zerofit.backends.base import materialize_from_spec
 from zerofit.backends.torch_common import cast_frozen_
@@ -26,7 +26,6 @@ from zerofit.models.nf4 import (
     BLOCK,
     LEVELS,
     STORAGE,
-    NF4Weight,
     _bf16,
     as_bits,
     dequantize,
@@ -116,9 +115,7 @@ def test_piece_names() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_4bit_linear_is_the_dequantised_weights(dtype: torch.dtype) -> None:
-    store = NF4Weight((128, 256))
-    for name, value in quantize(gaussian((128, 256), seed=2)).items():
-        getattr(store, name).data.copy_(value)
+    store = nf4_layer(gaussian((128, 256), seed=2))
     w = store.weight(dtype)
     x = torch.randn(3, 5, 256, dtype=dtype, requires_grad=True)
     bias = torch.randn(128, dtype=dtype, requires_grad=True)
@@ -137,9 +134,7 @@ def test_under_autocast_the_weight_is_rebuilt_once_in_autocasts_dtype(monkeypatc
     rebuilt in the input's fp32 (4 bytes a weight written) and autocast cast all of it again."""
     from zerofit.models import nf4
 
-    store = NF4Weight((128, 256))
-    for name, value in quantize(gaussian((128, 256), seed=3)).items():
-        getattr(store, name).data.copy_(value)
+    store = nf4_layer(gaussian((128, 256), seed=3))
     real, asked = nf4.dequantize, []
     monkeypatch.setattr(
         nf4, "dequantize", lambda p, s, d, backward=False: asked.append(d) or real(p, s, d)

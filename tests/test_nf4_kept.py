@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from compiled_saved import kept_for_backward
+from conftest import nf4_layer
 
 from zerofit.models import nf4
 
@@ -38,11 +39,8 @@ def _(codes, scales, factors, mean, levels, backward=False):  # noqa: ANN001, AN
 
 def _layer() -> nf4.NF4Weight:
     pytest.importorskip("torchao.quantization")
-    store = nf4.NF4Weight(SHAPE)
     weight = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    for name, value in nf4.quantize(weight).items():
-        getattr(store, name).data.copy_(value)
-    return store
+    return nf4_layer(weight)
 
 
 @pytest.mark.parametrize("opaque", [False, True], ids=["torch-ops", "opaque-op"])
