@@ -48,6 +48,9 @@ FIXTURE = "bench-fixture"  # benchmarks/sft_fixture.py's folder, named relative 
 # The same models under the folders the runs named: the SFT fixture, and the DPO runs' copy of it
 # (benchmarks/dpo_carry.sh)
 FIXTURES = (FIXTURE, ".dpo/fix")
+# Folders outside the repository where a device call built the same fixture (sft_fixture.py
+# /tmp/fx): a run's paths under them are read under FIXTURE
+FIXTURE_ELSEWHERE = ("/tmp/fx/",)
 
 
 @contextlib.contextmanager
@@ -200,6 +203,15 @@ def command_parts(command: str) -> tuple[str | None, list[str]]:
     return config, shared
 
 
+def in_fixture(override: str) -> str:
+    """`key=value` with a value under FIXTURE_ELSEWHERE moved under FIXTURE."""
+    key, _, value = override.partition("=")
+    for folder in FIXTURE_ELSEWHERE:
+        if value.startswith(folder):
+            return f"{key}={FIXTURE}/{value.removeprefix(folder)}"
+    return override
+
+
 def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", name)
 
@@ -227,6 +239,7 @@ def labelled(cfg: Config, hw: Hardware, label: str) -> Strategy | None:
 def bench_config(folder: str, command: str, overrides: list[str]) -> Config | str:
     """The config a bench variant ran with, or why it cannot be rebuilt."""
     config, shared = command_parts(command)
+    shared = [in_fixture(kv) for kv in shared]
     if config is None or (ROOT / config).is_file():
         path = str(ROOT / config) if config else None
         return load_config(path, [*shared, *overrides])

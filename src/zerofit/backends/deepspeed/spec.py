@@ -213,10 +213,11 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
         on_nvme = [f"parallel.deepspeed.{k}: nvme" for k in keys if getattr(ds, k) == "nvme"]
         if not on_nvme or not ds.nvme_path:
             return
-        check_aio(" and ".join(on_nvme))
         per_rank = planned().nvme
         what = f"{local_ranks} rank(s) x {human_bytes(per_rank)} of {' and '.join(on_nvme)}"
+        # the path the user wrote first: its line holds on any machine, the op's only on this one
         check_nvme_path(ds.nvme_path, per_rank * local_ranks, what)
+        check_aio(" and ".join(on_nvme))
 
     def candidates(self, base: DeepSpeedOptions, nodes: int, nvme: bool) -> list[DeepSpeedOptions]:
         plain = replace(
