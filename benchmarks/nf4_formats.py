@@ -9,7 +9,9 @@ For the linear layers of one Llama-3-8B (or 70B) decoder block, random N(0, 0.02
 - on a GPU, the time to rebuild all of the block's weights in bf16 (median of 20, CUDA-synchronised):
   zerofit's `dequantize` (its torch ops) eager and under `torch.compile`, zerofit's Triton kernel
   (`zerofit.models.nf4_kernel`, where Triton is installed), torchao's `get_original_weight`,
-  bitsandbytes' `dequantize_4bit` (its CUDA kernel).
+  bitsandbytes' `dequantize_4bit` (its CUDA kernel);
+- on a GPU with Triton, the kernel's time at each scale-block count and warp count a program
+  (`kernel_sweep`, best first): what nf4_kernel's ROWS_PER_PROGRAM and WARPS are set from.
 """
 
 from __future__ import annotations
@@ -120,6 +122,29 @@ def formats(weights: list[torch.Tensor]) -> dict[str, dict]:
     return out
 
 
+def kernel_sweep(weights: list[torch.Tensor]) -> list[dict]:
+    """The Triton kernel's rebuild time over `weights` at each program size, fastest first."""
+    from zerofit.models import nf4, nf4_kernel
+
+    pieces = [nf4.quantize(w) for w in weights]
+    want = [
+        nf4.dequantize(p, w.shape, torch.bfloat16) for p, w in zip(pieces, weights, strict=True)
+    ]
+    rows = []
+    for per_program in (16, 32, 64, 128, 256):
+        for warps in (1, 2, 4, 8):
+
+            def build(r: int = per_program, n: int = warps) -> list[torch.Tensor]:
+                words = ([p[k] for k in nf4.PIECES] for p in pieces)
+                return [nf4_kernel.launch(*w, nf4.LEVELS, r, n) for w in words]
+
+            got = build()
+            same = all(torch.equal(g.view(w.shape), w) for g, w in zip(got, want, strict=True))
+            ms = timed(build) * 1e3
+            rows.append({"rows": per_program, "warps": warps, "rebuild_ms": ms, "same": same})
+    return sorted(rows, key=lambda r: r["rebuild_ms"])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
@@ -138,12 +163,16 @@ def main() -> None:
         "torch": torch.__version__,
         "formats": formats(weights),
     }
+    if device == "cuda" and "zerofit pieces, Triton kernel" in res["formats"]:
+        res["kernel_sweep"] = kernel_sweep(weights)
     Path(a.out).write_text(json.dumps(res, indent=1))
     for name, r in res["formats"].items():
         ms = f"{r['rebuild_ms']:.3f} ms" if r["rebuild_ms"] is not None else "-"
         print(
             f"{name:36s} {r['bytes_per_weight']:.4f} B/w  err {r['mean_abs_error_rel']:.4f}  {ms}"
         )
+    for r in res.get("kernel_sweep", [])[:5]:
+        print(f"kernel rows {r['rows']:4d} warps {r['warps']}: {r['rebuild_ms']:.3f} ms")
 
 
 if __name__ == "__main__":

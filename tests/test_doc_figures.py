@@ -74,6 +74,8 @@ from doc_checks_qlora5 import DOC as QLORA5_DOC
 from doc_checks_qlora5 import QLORA5, README_QLORA
 from doc_checks_qlora_kernel import DOC as QLORA_KERNEL_DOC
 from doc_checks_qlora_kernel import QLORA_KERNEL
+from doc_checks_qlora_kernel_h100 import DOC as QLORA_KERNEL_H100_DOC
+from doc_checks_qlora_kernel_h100 import QLORA_KERNEL_H100
 from doc_checks_qlora_rebuild import DOC as QLORA_REBUILD_DOC
 from doc_checks_qlora_rebuild import QLORA_REBUILD
 from doc_checks_speed2 import DOC as S2_DOC
@@ -824,6 +826,9 @@ CHECKS.update(
     {name: Check(QLORA_REBUILD_DOC, d, fn, key) for name, (d, fn, key) in QLORA_REBUILD.items()}
 )
 CHECKS.update({name: Check(QLORA_KERNEL_DOC, d, fn) for name, (d, fn) in QLORA_KERNEL.items()})
+CHECKS.update(
+    {name: Check(QLORA_KERNEL_H100_DOC, d, f, k) for name, (d, f, k) in QLORA_KERNEL_H100.items()}
+)
 CHECKS["readme-qlora"] = Check(README, *README_QLORA)
 CHECKS["readme-dpo"] = Check(README, *README_DPO)
 CHECKS["readme-nvme"] = Check(README, *README_NVME)

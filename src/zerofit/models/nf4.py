@@ -43,10 +43,11 @@ try:
     from zerofit.models.nf4_kernel import rebuild_bf16  # optional: Triton (CUDA builds of torch)
 except ImportError:  # no Triton: the torch ops below everywhere
     rebuild_bf16 = None
-# The bf16 rebuild on CUDA goes through nf4_kernel's Triton kernel. Off until a GPU has run
-# tests/test_gpu_nf4.py (the kernel's bits against the torch ops' and torchao's, and what a
-# compiled layer keeps for backward) and an 8B QLoRA run with it.
-USE_KERNEL = False
+# The bf16 rebuild on CUDA goes through nf4_kernel's Triton kernel: tests/test_gpu_nf4.py passed
+# on an H100 (its bits are the torch ops' and torchao's; a compiled layer keeps no rebuilt weight
+# for backward) and an 8B QLoRA step ran 1.093x the torch ops' at the same peak memory
+# (docs/benchmarks/2026-12-07-qlora-kernel-h100.md). Off: the torch ops everywhere.
+USE_KERNEL = True
 KERNEL_DEVICES = ("cuda",)  # where the kernel runs (a CPU test puts a stand-in op there)
 
 BLOCK = 64  # weights per absmax scale

@@ -26,7 +26,12 @@ import torch
 import triton
 import triton.language as tl
 
-BYTES_PER_PROGRAM = 1024  # code bytes (2,048 weights) per Triton program
+BLOCK_BYTES = 32  # code bytes (64 weights) under one scale
+# Program size: the fastest of 20 (16-256 scale blocks x 1-8 warps) rebuilding one 8B block's
+# seven weights on an H100, 0.295 ms against 0.469 at 32 x 4 (benchmarks/nf4_formats.py's
+# kernel_sweep; docs/benchmarks/data/2026-12-07-qlora-kernel-h100/call9/formats.json)
+ROWS_PER_PROGRAM = 64  # scale blocks per Triton program (2,048 code bytes, 4,096 weights)
+WARPS = 2  # warps per program
 
 
 @triton.jit
@@ -38,19 +43,22 @@ def _nearest_bf16(x):  # noqa: ANN001, ANN202
 
 
 @triton.jit
-def _rebuild(codes, scales, factors, mean, levels, out, n_bytes, BYTES: tl.constexpr):  # noqa: ANN001, ANN202, N803
-    k = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
-    live = k < n_bytes
-    byte = tl.load(codes + k, mask=live, other=0).to(tl.int32)
-    block = k // 32  # 64 weights (32 bytes) per scale
-    scale = tl.load(scales + block, mask=live, other=0).to(tl.float32)
-    factor = tl.load(factors + block // 256, mask=live, other=1.0).to(tl.float32)
+def _rebuild(codes, scales, factors, mean, levels, out, n_blocks, ROWS: tl.constexpr):  # noqa: ANN001, ANN202, N803
+    """ROWS scale blocks a program, laid out [ROWS, 32 bytes]: each block's scale (an IEEE
+    division and two roundings) is computed once and broadcast over its 32 bytes. Offsets are
+    int32: the caller keeps a weight under 2**31 code bytes."""
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    live = row < n_blocks
+    scale = tl.load(scales + row, mask=live, other=0).to(tl.float32)
+    factor = tl.load(factors + row // 256, mask=live, other=1.0).to(tl.float32)
     ratio = _nearest_bf16(tl.math.div_rn(scale, factor)).to(tl.float32, bitcast=True)
-    per_block = ratio + tl.load(mean).to(tl.float32)
-    per_block = _nearest_bf16(per_block).to(tl.float32, bitcast=True)
+    per_block = _nearest_bf16(ratio + tl.load(mean).to(tl.float32)).to(tl.float32, bitcast=True)
+    per_block = per_block[:, None]
+    k = row[:, None] * 32 + tl.arange(0, 32)[None, :]
+    byte = tl.load(codes + k, mask=live[:, None], other=0).to(tl.int32)
     first = _nearest_bf16(tl.load(levels + (byte >> 4)) * per_block)  # high nibble first
     second = _nearest_bf16(tl.load(levels + (byte & 15)) * per_block)
-    tl.store(out + k, ((first >> 16) & 0xFFFF) | second, mask=live)  # little-endian pair
+    tl.store(out + k, ((first >> 16) & 0xFFFF) | second, mask=live[:, None])  # little-endian
 
 
 _TABLES: dict[tuple[torch.device, tuple[float, ...]], torch.Tensor] = {}  # levels in fp32
@@ -73,22 +81,39 @@ def rebuild_bf16(
     since it may not recompute an opaque op, it keeps that node's bf16 weight from forward to
     backward: 2 bytes a weight of every 4-bit layer held (an 8B QLoRA run out of memory on an
     H200 at 23 GiB, docs/benchmarks/2026-12-07-qlora-kernel-h200.md)."""
+    return launch(codes, scales, factors, mean, levels, ROWS_PER_PROGRAM, WARPS)
+
+
+def launch(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    factors: torch.Tensor,
+    mean: torch.Tensor,
+    levels: Sequence[float],
+    rows: int,
+    warps: int,
+) -> torch.Tensor:
+    """`rebuild_bf16`'s kernel at `rows` scale blocks and `warps` warps a program
+    (benchmarks/nf4_formats.py sweeps them; ROWS_PER_PROGRAM and WARPS are what it chose)."""
     key = (codes.device, tuple(levels))
     if key not in _TABLES:
         _TABLES[key] = torch.tensor(levels, dtype=torch.bfloat16, device=codes.device).float()
     code_bytes = codes.contiguous().view(torch.uint8)
     n_bytes = code_bytes.numel()
+    if n_bytes % BLOCK_BYTES or n_bytes >= 2**31:
+        raise ValueError(f"NF4 codes of {n_bytes} bytes: want a multiple of 32 under 2**31")
+    n_blocks = n_bytes // BLOCK_BYTES
     out = torch.empty(2 * n_bytes, dtype=torch.bfloat16, device=codes.device)
-    grid = (triton.cdiv(n_bytes, BYTES_PER_PROGRAM),)
-    _rebuild[grid](
+    _rebuild[(triton.cdiv(n_blocks, rows),)](
         code_bytes,
         scales.contiguous().view(torch.int8),
         factors.contiguous(),
         mean,
         _TABLES[key],
         out.view(torch.int32),
-        n_bytes,
-        BYTES=BYTES_PER_PROGRAM,
+        n_blocks,
+        ROWS=rows,
+        num_warps=warps,
     )
     return out
 

@@ -1,0 +1,72 @@
+"""test_doc_figures' checks for docs/benchmarks/2026-12-07-qlora-kernel-h100.md (issue 26, QLoRA
+speed: the Triton NF4 rebuild's program sizes, and the 8B runs with it beside stock, on an H100)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+DOC = "docs/benchmarks/2026-12-07-qlora-kernel-h100.md"
+DIR = "2026-12-07-qlora-kernel-h100/"
+DATA = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "data"
+FORMATS = {  # row: the format's name in nf4_formats.py's results
+    "zerofit, torch ops, eager": "zerofit pieces",
+    "zerofit, torch ops, compiled": "zerofit pieces, compiled",
+    "zerofit, Triton kernel (32 blocks x 4 warps a program)": "zerofit pieces, Triton kernel",
+    "torchao NF4Tensor": "torchao NF4Tensor",
+    "bitsandbytes, nested": "bitsandbytes Params4bit (nested)",
+}
+RUNS = {  # row: the run's name in all-results.json
+    "zerofit, 2 x 8, Triton rebuild": "8b-qlora-host-2x8-kernel",
+    "zerofit, 2 x 8, compiled torch ops": "8b-qlora-host-2x8-torchops",
+}
+STOCK = "8b-qlora-stock-liger-compile"
+
+
+def _load(rel: str) -> Any:
+    return json.loads((DATA / DIR / rel).read_text())
+
+
+def formats() -> dict[str, list]:
+    """Per format: rebuild ms for one 8B block's weights, the same bits as the torch ops."""
+    got = _load("call9/formats.json")["formats"]
+    return {
+        row: [got[name]["rebuild_ms"], "yes" if got[name]["same_bits_as_torch_ops"] else "no"]
+        for row, name in FORMATS.items()
+    }
+
+
+def sweep() -> dict[str, list]:
+    """The five fastest program sizes (scale blocks | warps): the kernel's rebuild ms."""
+    fastest = _load("call9/formats.json")["kernel_sweep"][:5]
+    return {f"{r['rows']} | {r['warps']}": [r["rebuild_ms"]] for r in fastest}
+
+
+def runs() -> dict[str, list]:
+    """Real tokens/s, step s, peak allocated GiB and the ratio to stock's real tokens/s (one
+    call's medians)."""
+    res = _load("call9/all-results.json")["results"]
+    stock = res[STOCK]
+    base = stock["real_tokens_per_s"]
+    out = {
+        "stock, compiled + Liger, 4 x 4, full AC": [
+            base,
+            stock["step_s_median"],
+            stock["peak_allocated_gib"],
+            1.0,
+        ]
+    }
+    for row, name in RUNS.items():
+        r = res[name]["results"][0]
+        tps = r["real_tokens_per_s"]
+        out[row] = [tps, r["step_time_s"], r["mem_alloc_gib"], tps / base]
+    return out
+
+
+QLORA_KERNEL_H100: dict[str, tuple[list[str], Callable[[], Any], int]] = {
+    "qlora-h100-formats": ([DIR + "call9/formats.json"], formats, 1),
+    "qlora-h100-sweep": ([DIR + "call9/formats.json"], sweep, 2),
+    "qlora-h100-runs": ([DIR + "call9/all-results.json"], runs, 1),
+}
