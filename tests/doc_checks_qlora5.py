@@ -84,21 +84,6 @@ def h100_8b() -> dict[str, list]:
     return rows
 
 
-def readme_qlora() -> list[str]:
-    """The README's QLoRA sentence: call 4's planned split against stock, and its memory."""
-    groups = _load(CALL4)
-    stock = groups["8b-qlora-stock-liger-compile"]
-    ours = _zerofit(groups, "8b-qlora-host")["2 x 8, planner's choice"]
-    ratio = ours["real_tokens_per_s"] / stock["real_tokens_per_s"]
-    return [
-        f"runs {ours['real_tokens_per_s']:,.0f} real tokens/s at {ours['mem_alloc_gib']:.2f} GiB",
-        f"{ratio:.3f}x transformers + PEFT + bitsandbytes + Liger Kernel compiled in the same call "
-        f"({stock['real_tokens_per_s']:,.0f} at {stock['peak_allocated_gib']:.2f} GiB)",
-    ]
-
-
-README_QLORA = ([CALL4], readme_qlora)
-
 QLORA5: dict[str, tuple[list[str], Callable[[], Any], int]] = {
     "qlora5-probe": (
         [S5 + f"{f}/{n}" for f, _ in PROBES.values() for n in ("summary.txt", "metrics.jsonl")],

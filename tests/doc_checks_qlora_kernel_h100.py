@@ -70,3 +70,70 @@ QLORA_KERNEL_H100: dict[str, tuple[list[str], Callable[[], Any], int]] = {
     "qlora-h100-sweep": ([DIR + "call9/formats.json"], sweep, 2),
     "qlora-h100-runs": ([DIR + "call9/all-results.json"], runs, 1),
 }
+
+
+def runs64() -> dict[str, list]:
+    """Call 10: stock and zerofit at the 64 x 2 kernel, as `runs`."""
+    res = _load("call10/all-results.json")["results"]
+    stock = res[STOCK]
+    base = stock["real_tokens_per_s"]
+    r = res["8b-qlora-host-2x8-kernel64"]["results"][0]
+    tps = r["real_tokens_per_s"]
+    return {
+        "stock, compiled + Liger, 4 x 4, full AC": [
+            base,
+            stock["step_s_median"],
+            stock["peak_allocated_gib"],
+            1.0,
+        ],
+        "zerofit, 2 x 8, Triton rebuild at 64 x 2": [
+            tps,
+            r["step_time_s"],
+            r["mem_alloc_gib"],
+            tps / base,
+        ],
+    }
+
+
+def profile() -> dict[str, list]:
+    """Call 10's profiled step: device ms by kind of kernel, the rebuild's ms and calls, busy."""
+    d = _load("call10/8b-qlora-host-2x8-kernel64-kernels.json")
+    kinds = d["device_ms_by_kind"]
+    rebuild = next(k for k in d["top"] if k["name"] == "_rebuild")
+    return {
+        "matmul": [kinds["matmul"], "-"],
+        "triton (Inductor's)": [kinds["triton"], "-"],
+        "attention": [kinds["attention"], "-"],
+        "other": [kinds["other"], "-"],
+        "of which the NF4 rebuild (`_rebuild`)": [rebuild["total_ms"], rebuild["calls"]],
+        "copy": [kinds["copy"], "-"],
+        "busy in all": [d["busy_ms"], d["kernels"]],
+    }
+
+
+QLORA_KERNEL_H100.update(
+    {
+        "qlora-h100-runs64": ([DIR + "call10/all-results.json"], runs64, 1),
+        "qlora-h100-profile": (
+            [DIR + "call10/8b-qlora-host-2x8-kernel64-kernels.json"],
+            profile,
+            1,
+        ),
+    }
+)
+
+
+def readme_qlora() -> list[str]:
+    """The README's QLoRA sentence: call 10's planned split against stock, and its memory."""
+    res = _load("call10/all-results.json")["results"]
+    stock = res[STOCK]
+    ours = res["8b-qlora-host-2x8-kernel64"]["results"][0]
+    ratio = ours["real_tokens_per_s"] / stock["real_tokens_per_s"]
+    return [
+        f"runs {ours['real_tokens_per_s']:,.0f} real tokens/s at {ours['mem_alloc_gib']:.2f} GiB",
+        f"{ratio:.3f}x transformers + PEFT + bitsandbytes + Liger Kernel compiled in the same call "
+        f"({stock['real_tokens_per_s']:,.0f} at {stock['peak_allocated_gib']:.2f} GiB)",
+    ]
+
+
+README_QLORA = ([DIR + "call10/all-results.json"], readme_qlora)

@@ -71,11 +71,11 @@ from doc_checks_qlora import QLORA
 from doc_checks_qlora4 import DOC as QLORA4_DOC
 from doc_checks_qlora4 import QLORA4
 from doc_checks_qlora5 import DOC as QLORA5_DOC
-from doc_checks_qlora5 import QLORA5, README_QLORA
+from doc_checks_qlora5 import QLORA5
 from doc_checks_qlora_kernel import DOC as QLORA_KERNEL_DOC
 from doc_checks_qlora_kernel import QLORA_KERNEL
 from doc_checks_qlora_kernel_h100 import DOC as QLORA_KERNEL_H100_DOC
-from doc_checks_qlora_kernel_h100 import QLORA_KERNEL_H100
+from doc_checks_qlora_kernel_h100 import QLORA_KERNEL_H100, README_QLORA
 from doc_checks_qlora_rebuild import DOC as QLORA_REBUILD_DOC
 from doc_checks_qlora_rebuild import QLORA_REBUILD
 from doc_checks_speed2 import DOC as S2_DOC
