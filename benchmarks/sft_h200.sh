@@ -11,7 +11,7 @@
 #   fast-lora also runs zerofit eager and compiled without model.lean_ops at stock's split.
 #   issue 26's PHASEs: qlora-probe (1B) | qlora-8b (LIMIT GiB per GPU, default 23: a 24 GB card)
 #   | qlora-70b (zerofit alone, the whole card) | qlora-ac-probe (1B) | qlora-8b-splits |
-#   qlora-8b-host | qlora-8b-stock | qlora-8b-zerofit | qlora-graphs: see qlora_* below. issue 28's PHASEs: dpo-8b | dpo-8b-mem | dpo-8b-ac | dpo-8b-ac2 | dpo-1b
+#   qlora-8b-host | qlora-8b-stock | qlora-8b-zerofit | qlora-graphs | qlora-recompute: see qlora_* below. issue 28's PHASEs: dpo-8b | dpo-8b-mem | dpo-8b-ac | dpo-8b-ac2 | dpo-1b
 #   (TRL's DPOTrainer beside zerofit's DPO): see dpo_* below.
 # FIXTURE is what `python benchmarks/sft_fixture.py FIXTURE` made (model-1b, model-8b, chat.jsonl).
 # Each zerofit variant runs under `zerofit bench` (own processes, median step time after warm-up);
@@ -247,6 +247,22 @@ dpo_1b() {  # 1B full DPO; zerofit's reference precomputed over the first 2M tok
     data.max_tokens=2000000 train.steps=100 train.epochs=null \
     --variant "full, 2 pairs x 4: train.micro_batch_size=2 train.grad_accum_steps=4"
 }
+qlora_recompute() {  # issue 26's lever after the kernel (docs/benchmarks/2026-12-07-qlora-kernel-h100.md):
+  # 8B 2 x 8 under the LIMIT GiB cap recomputing the first k blocks for each k of KS (default
+  # "4 8 12"; the planner picked 12, forecasting 18.58 GiB for a 17.09 GiB peak): step time and
+  # peak memory per k, for the planner's forecast beside them. PEAK=GiB adds k=12 capped at that
+  # (below its peak): its OOM snapshot (oom_snapshot_rank0.pickle, read by benchmarks/oom_top.py)
+  # shows what is live at the peak
+  local lim=${LIMIT:-23} k variants=()
+  local two="parallel.backend=ddp train.micro_batch_size=2 train.grad_accum_steps=8"
+  for k in ${KS:-4 8 12}; do
+    variants+=(--variant "2 x 8, first $k: $two parallel.activation_checkpointing=first_k parallel.ac_blocks=$k")
+  done
+  if [ -n "${PEAK:-}" ]; then
+    variants+=(--variant "2 x 8, first 12 at $PEAK GiB: $two parallel.activation_checkpointing=first_k parallel.ac_blocks=12 train.gpu_memory_limit=${PEAK}GiB")
+  fi
+  zerofit 8b-qlora-recompute "${LIMIT_S:-400}" $qlora $m8 "train.gpu_memory_limit=${lim}GiB" "${variants[@]}"
+}
 qlora_70b() {  # the whole card; fewer rows per step than the recipe (device time)
   zerofit 70b-qlora-zerofit 540 $qlora $m70 train.micro_batch_size=4 train.grad_accum_steps=1 \
     --variant "recipe defaults at 4 x 1: log.every=1000"
@@ -261,6 +277,7 @@ qlora-8b-host) qlora_8b_host ;;
 qlora-8b-stock) qlora_8b_stock ;;
 qlora-8b-zerofit) qlora_8b_zerofit ;;
 qlora-graphs) qlora_graphs ;;
+qlora-recompute) qlora_recompute ;;
 dpo-8b) dpo_8b ;;
 dpo-8b-mem) dpo_8b_mem ;;
 dpo-8b-ac) dpo_8b_ac ;;

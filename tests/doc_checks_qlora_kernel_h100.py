@@ -137,3 +137,18 @@ def readme_qlora() -> list[str]:
 
 
 README_QLORA = ([DIR + "call10/all-results.json"], readme_qlora)
+PLANS = [DIR + f"plans-recompute/first-{k}.json" for k in (4, 8, 12)]
+
+
+def recompute_plan() -> dict[str, list]:
+    """The as-configured forecast at each k: allocated and reserved GiB, step s, fits (yes/no)."""
+    rows = {}
+    for rel in PLANS:
+        a = json.loads((DATA / rel).read_text())["as_configured"]
+        k = str(a["config"]["parallel.ac_blocks"])
+        fits = "yes" if a["fits"] else "no"
+        rows[k] = [a["peak_allocated_gib"], a["peak_reserved_gib"], a["step_time_s"], fits]
+    return rows
+
+
+QLORA_KERNEL_H100["qlora-h100-recompute-plan"] = (PLANS, recompute_plan, 1)
