@@ -215,8 +215,7 @@ class DeepSpeed(Engine[DeepSpeedOptions]):
             return
         per_rank = planned().nvme
         what = f"{local_ranks} rank(s) x {human_bytes(per_rank)} of {' and '.join(on_nvme)}"
-        # the path the user wrote first: its line holds on any machine, the op's only on this one
-        check_nvme_path(ds.nvme_path, per_rank * local_ranks, what)
+        check_nvme_path(ds.nvme_path, per_rank * local_ranks, what)  # the user's path first
         check_aio(" and ".join(on_nvme))
 
     def candidates(self, base: DeepSpeedOptions, nodes: int, nvme: bool) -> list[DeepSpeedOptions]:
