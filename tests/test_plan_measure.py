@@ -189,7 +189,7 @@ def test_plan_measure_runs_two_families_on_cpu_and_writes_the_rows(tmp_path: Pat
         assert predict(m, w, s, hw).step_time == pytest.approx(row["predicted_step_s"])
 
 
-def test_zero3_compiled_inside_ac_stops_recording_cuda_allocations(monkeypatch) -> None:  # noqa: ANN001
+def test_zero3_compiled_inside_ac_stops_recording_cuda_allocations(monkeypatch, request) -> None:  # noqa: ANN001
     """ZeRO-3 compiles each block's forward inside its AC wrapper; with CUDA allocations being
     recorded that failed on torch 2.11 (pytorch/pytorch#179536), so recording stops there, and
     only there."""
@@ -202,9 +202,11 @@ def test_zero3_compiled_inside_ac_stops_recording_cuda_allocations(monkeypatch) 
 
     # apply_compile_forward sets process-wide state: put it back after the test
     monkeypatch.setattr(loss, "COMPILE_CHUNKS", loss.COMPILE_CHUNKS)
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(dynamo_config, name):
-            monkeypatch.setattr(dynamo_config, name, getattr(dynamo_config, name))
+    # set back by hand: monkeypatch undoing cache_size_limit (an alias of recompile_limit) left
+    # Dynamo's config without recompile_limit for every later test in the process
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    limit = getattr(dynamo_config, name)
+    request.addfinalizer(lambda: setattr(dynamo_config, name, limit))
     calls: list[dict] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda **kw: calls.append(kw))
