@@ -46,7 +46,7 @@ except ImportError:  # no Triton: the torch ops below everywhere
 # The bf16 rebuild on CUDA goes through nf4_kernel's Triton kernel: tests/test_gpu_nf4.py passed
 # on an H100 (its bits are the torch ops' and torchao's; a compiled layer keeps no rebuilt weight
 # for backward) and an 8B QLoRA step ran 1.093x the torch ops' at the same peak memory
-# (docs/benchmarks/2026-12-07-qlora-kernel-h100.md). Off: the torch ops everywhere.
+# (docs/benchmarks/2026-12-07-qlora-kernel-h100.md). False: the torch ops everywhere.
 USE_KERNEL = True
 KERNEL_DEVICES = ("cuda",)  # where the kernel runs (a CPU test puts a stand-in op there)
 

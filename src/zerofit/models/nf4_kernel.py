@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 BLOCK_BYTES = 32  # code bytes (64 weights) under one scale
-# Program size: the fastest of 20 (16-256 scale blocks x 1-8 warps) rebuilding one 8B block's
+# Program size: the fastest of 20 (8-128 scale blocks x 1-8 warps) rebuilding one 8B block's
 # seven weights on an H100, 0.295 ms against 0.469 at 32 x 4 (benchmarks/nf4_formats.py's
 # kernel_sweep; docs/benchmarks/data/2026-12-07-qlora-kernel-h100/call9/formats.json)
 ROWS_PER_PROGRAM = 64  # scale blocks per Triton program (2,048 code bytes, 4,096 weights)
@@ -43,10 +43,13 @@ def _nearest_bf16(x):  # noqa: ANN001, ANN202
 
 
 @triton.jit
-def _rebuild(codes, scales, factors, mean, levels, out, n_blocks, ROWS: tl.constexpr):  # noqa: ANN001, ANN202, N803
-    """ROWS scale blocks a program, laid out [ROWS, 32 bytes]: each block's scale (an IEEE
-    division and two roundings) is computed once and broadcast over its 32 bytes. Offsets are
-    int32: the caller keeps a weight under 2**31 code bytes."""
+def _rebuild(
+    codes, scales, factors, mean, levels, out, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr
+):  # noqa: ANN001, ANN202, N803
+    """ROWS scale blocks a program, laid out [ROWS, BLOCK bytes]: each block's scale (an IEEE
+    division and two roundings) is computed once and broadcast over its bytes; 256 scales share
+    a factor (nf4.SCALER_BLOCK). Offsets are int32: the caller keeps a weight under 2**31 code
+    bytes."""
     row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = row < n_blocks
     scale = tl.load(scales + row, mask=live, other=0).to(tl.float32)
@@ -54,7 +57,7 @@ def _rebuild(codes, scales, factors, mean, levels, out, n_blocks, ROWS: tl.const
     ratio = _nearest_bf16(tl.math.div_rn(scale, factor)).to(tl.float32, bitcast=True)
     per_block = _nearest_bf16(ratio + tl.load(mean).to(tl.float32)).to(tl.float32, bitcast=True)
     per_block = per_block[:, None]
-    k = row[:, None] * 32 + tl.arange(0, 32)[None, :]
+    k = row[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
     byte = tl.load(codes + k, mask=live[:, None], other=0).to(tl.int32)
     first = _nearest_bf16(tl.load(levels + (byte >> 4)) * per_block)  # high nibble first
     second = _nearest_bf16(tl.load(levels + (byte & 15)) * per_block)
@@ -101,7 +104,9 @@ def launch(
     code_bytes = codes.contiguous().view(torch.uint8)
     n_bytes = code_bytes.numel()
     if n_bytes % BLOCK_BYTES or n_bytes >= 2**31:
-        raise ValueError(f"NF4 codes of {n_bytes} bytes: want a multiple of 32 under 2**31")
+        raise ValueError(
+            f"NF4 codes of {n_bytes} bytes: want a multiple of {BLOCK_BYTES} under 2**31"
+        )
     n_blocks = n_bytes // BLOCK_BYTES
     out = torch.empty(2 * n_bytes, dtype=torch.bfloat16, device=codes.device)
     _rebuild[(triton.cdiv(n_blocks, rows),)](
@@ -113,6 +118,7 @@ def launch(
         out.view(torch.int32),
         n_blocks,
         ROWS=rows,
+        BLOCK=BLOCK_BYTES,
         num_warps=warps,
     )
     return out
