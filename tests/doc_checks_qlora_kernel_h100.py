@@ -152,3 +152,26 @@ def recompute_plan() -> dict[str, list]:
 
 
 QLORA_KERNEL_H100["qlora-h100-recompute-plan"] = (PLANS, recompute_plan, 1)
+
+
+def dropout() -> dict[str, list]:
+    """Call 10's 40 largest kernels: the Triton ones whose names draw a dropout mask
+    (bernoulli), unpack one (rshift without bernoulli), and all Triton ones, in device ms."""
+    top = _load("call10/8b-qlora-host-2x8-kernel64-kernels.json")["top"]
+    triton = [k for k in top if k["name"].startswith("triton")]
+    draw = sum(k["total_ms"] for k in triton if "bernoulli" in k["name"])
+    unpack = sum(
+        k["total_ms"] for k in triton if "rshift" in k["name"] and "bernoulli" not in k["name"]
+    )
+    return {
+        "drawing a mask (`bernoulli` in the name)": [draw],
+        "unpacking one (`rshift`, no `bernoulli`)": [unpack],
+        "all Triton kernels listed": [sum(k["total_ms"] for k in triton)],
+    }
+
+
+QLORA_KERNEL_H100["qlora-h100-dropout"] = (
+    [DIR + "call10/8b-qlora-host-2x8-kernel64-kernels.json"],
+    dropout,
+    1,
+)
