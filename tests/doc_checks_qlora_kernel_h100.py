@@ -23,6 +23,7 @@ RUNS = {  # row: the run's name in all-results.json
     "zerofit, 2 x 8, compiled torch ops": "8b-qlora-host-2x8-torchops",
 }
 STOCK = "8b-qlora-stock-liger-compile"
+KERNEL64 = "zerofit, 2 x 8, Triton rebuild at 64 x 2"
 
 
 def _load(rel: str) -> Any:
@@ -44,10 +45,10 @@ def sweep() -> dict[str, list]:
     return {f"{r['rows']} | {r['warps']}": [r["rebuild_ms"]] for r in fastest}
 
 
-def runs() -> dict[str, list]:
-    """Real tokens/s, step s, peak allocated GiB and the ratio to stock's real tokens/s (one
-    call's medians)."""
-    res = _load("call9/all-results.json")["results"]
+def _against_stock(call: str, runs: dict[str, str]) -> dict[str, list]:
+    """A call's stock row and each of `runs` (row: name in all-results.json): real tokens/s, step
+    s, peak allocated GiB and the ratio to stock's real tokens/s (one call's medians)."""
+    res = _load(f"{call}/all-results.json")["results"]
     stock = res[STOCK]
     base = stock["real_tokens_per_s"]
     out = {
@@ -58,41 +59,21 @@ def runs() -> dict[str, list]:
             1.0,
         ]
     }
-    for row, name in RUNS.items():
+    for row, name in runs.items():
         r = res[name]["results"][0]
         tps = r["real_tokens_per_s"]
         out[row] = [tps, r["step_time_s"], r["mem_alloc_gib"], tps / base]
     return out
 
 
-QLORA_KERNEL_H100: dict[str, tuple[list[str], Callable[[], Any], int]] = {
-    "qlora-h100-formats": ([DIR + "call9/formats.json"], formats, 1),
-    "qlora-h100-sweep": ([DIR + "call9/formats.json"], sweep, 2),
-    "qlora-h100-runs": ([DIR + "call9/all-results.json"], runs, 1),
-}
+def runs() -> dict[str, list]:
+    """Call 9: stock, zerofit with the kernel at 32 x 4, and with its compiled torch ops."""
+    return _against_stock("call9", RUNS)
 
 
 def runs64() -> dict[str, list]:
-    """Call 10: stock and zerofit at the 64 x 2 kernel, as `runs`."""
-    res = _load("call10/all-results.json")["results"]
-    stock = res[STOCK]
-    base = stock["real_tokens_per_s"]
-    r = res["8b-qlora-host-2x8-kernel64"]["results"][0]
-    tps = r["real_tokens_per_s"]
-    return {
-        "stock, compiled + Liger, 4 x 4, full AC": [
-            base,
-            stock["step_s_median"],
-            stock["peak_allocated_gib"],
-            1.0,
-        ],
-        "zerofit, 2 x 8, Triton rebuild at 64 x 2": [
-            tps,
-            r["step_time_s"],
-            r["mem_alloc_gib"],
-            tps / base,
-        ],
-    }
+    """Call 10: stock and zerofit with the kernel at 64 x 2."""
+    return _against_stock("call10", {KERNEL64: "8b-qlora-host-2x8-kernel64"})
 
 
 def profile() -> dict[str, list]:
@@ -111,28 +92,14 @@ def profile() -> dict[str, list]:
     }
 
 
-QLORA_KERNEL_H100.update(
-    {
-        "qlora-h100-runs64": ([DIR + "call10/all-results.json"], runs64, 1),
-        "qlora-h100-profile": (
-            [DIR + "call10/8b-qlora-host-2x8-kernel64-kernels.json"],
-            profile,
-            1,
-        ),
-    }
-)
-
-
 def readme_qlora() -> list[str]:
     """The README's QLoRA sentence: call 10's planned split against stock, and its memory."""
-    res = _load("call10/all-results.json")["results"]
-    stock = res[STOCK]
-    ours = res["8b-qlora-host-2x8-kernel64"]["results"][0]
-    ratio = ours["real_tokens_per_s"] / stock["real_tokens_per_s"]
+    rows = runs64()
+    stock, ours = rows["stock, compiled + Liger, 4 x 4, full AC"], rows[KERNEL64]
     return [
-        f"runs {ours['real_tokens_per_s']:,.0f} real tokens/s at {ours['mem_alloc_gib']:.2f} GiB",
-        f"{ratio:.3f}x transformers + PEFT + bitsandbytes + Liger Kernel compiled in the same call "
-        f"({stock['real_tokens_per_s']:,.0f} at {stock['peak_allocated_gib']:.2f} GiB)",
+        f"runs {ours[0]:,.0f} real tokens/s at {ours[2]:.2f} GiB",
+        f"{ours[3]:.3f}x transformers + PEFT + bitsandbytes + Liger Kernel compiled in the same call "
+        f"({stock[0]:,.0f} at {stock[2]:.2f} GiB)",
     ]
 
 
@@ -151,9 +118,6 @@ def recompute_plan() -> dict[str, list]:
     return rows
 
 
-QLORA_KERNEL_H100["qlora-h100-recompute-plan"] = (PLANS, recompute_plan, 1)
-
-
 def dropout() -> dict[str, list]:
     """Call 10's 40 largest kernels: the Triton ones whose names draw a dropout mask
     (bernoulli), unpack one (rshift without bernoulli), and all Triton ones, in device ms."""
@@ -170,8 +134,13 @@ def dropout() -> dict[str, list]:
     }
 
 
-QLORA_KERNEL_H100["qlora-h100-dropout"] = (
-    [DIR + "call10/8b-qlora-host-2x8-kernel64-kernels.json"],
-    dropout,
-    1,
-)
+CALL10_KERNELS = DIR + "call10/8b-qlora-host-2x8-kernel64-kernels.json"
+QLORA_KERNEL_H100: dict[str, tuple[list[str], Callable[[], Any], int]] = {
+    "qlora-h100-formats": ([DIR + "call9/formats.json"], formats, 1),
+    "qlora-h100-sweep": ([DIR + "call9/formats.json"], sweep, 2),
+    "qlora-h100-runs": ([DIR + "call9/all-results.json"], runs, 1),
+    "qlora-h100-runs64": ([DIR + "call10/all-results.json"], runs64, 1),
+    "qlora-h100-profile": ([CALL10_KERNELS], profile, 1),
+    "qlora-h100-dropout": ([CALL10_KERNELS], dropout, 1),
+    "qlora-h100-recompute-plan": (PLANS, recompute_plan, 1),
+}
