@@ -28,10 +28,9 @@ def _load(rel: str) -> Any:
     return json.loads((DATA / DIR / rel).read_text())
 
 
-def formats() -> dict[str, list]:
-    """Per format: bytes a weight, rebuild ms for one 8B block's weights, the same bits as
-    zerofit's torch ops (yes/no)."""
-    got = _load("call1/formats.json")["formats"]
+def format_rows(got: dict[str, Any]) -> dict[str, list]:
+    """Per format of nf4_formats.py's `formats` results: bytes a weight, rebuild ms for one 8B
+    block's weights, the same bits as zerofit's torch ops (yes/no)."""
     return {
         row: [
             got[name]["bytes_per_weight"],
@@ -40,6 +39,11 @@ def formats() -> dict[str, list]:
         ]  # fmt: skip
         for row, name in FORMATS.items()
     }
+
+
+def formats() -> dict[str, list]:
+    """Call 1's formats table (`format_rows`)."""
+    return format_rows(_load("call1/formats.json")["formats"])
 
 
 def runs() -> list[str]:

@@ -8,16 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from doc_checks_qlora_kernel import format_rows
+
 DOC = "docs/benchmarks/2026-12-07-qlora-kernel-h100.md"
 DIR = "2026-12-07-qlora-kernel-h100/"
 DATA = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "data"
-FORMATS = {  # row: the format's name in nf4_formats.py's results
-    "zerofit, torch ops, eager": "zerofit pieces",
-    "zerofit, torch ops, compiled": "zerofit pieces, compiled",
-    "zerofit, Triton kernel (32 blocks x 4 warps a program)": "zerofit pieces, Triton kernel",
-    "torchao NF4Tensor": "torchao NF4Tensor",
-    "bitsandbytes, nested": "bitsandbytes Params4bit (nested)",
-}
 RUNS = {  # row: the run's name in all-results.json
     "zerofit, 2 x 8, Triton rebuild": "8b-qlora-host-2x8-kernel",
     "zerofit, 2 x 8, compiled torch ops": "8b-qlora-host-2x8-torchops",
@@ -31,12 +26,8 @@ def _load(rel: str) -> Any:
 
 
 def formats() -> dict[str, list]:
-    """Per format: rebuild ms for one 8B block's weights, the same bits as the torch ops."""
-    got = _load("call9/formats.json")["formats"]
-    return {
-        row: [got[name]["rebuild_ms"], "yes" if got[name]["same_bits_as_torch_ops"] else "no"]
-        for row, name in FORMATS.items()
-    }
+    """Call 9's formats table, as the H200 page's (`doc_checks_qlora_kernel.format_rows`)."""
+    return format_rows(_load("call9/formats.json")["formats"])
 
 
 def sweep() -> dict[str, list]:
