@@ -154,12 +154,14 @@ qlora_8b_splits() {  # the split of 16 rows per step, capped at LIMIT GiB, besid
     --variant "recipe defaults (4 x 4): log.every=1000"
   qlora_8b_stock
 }
-qlora_8b_stock() {  # the stock anchor of qlora-8b-host alone: compiled, with Liger, 4 x 4, full AC
+qlora_8b_stock() {  # the stock anchor of qlora-8b-host alone: compiled, with Liger, 4 x 4, full AC;
+  # STOCK_SPLIT (k=v overrides) and STOCK_TAG (the out-subdir's suffix) run another split, e.g.
+  # 1 x 16 without recomputation
   local lim=${LIMIT:-23}
-  local split="train.micro_batch_size=4 train.grad_accum_steps=4 parallel.activation_checkpointing=full"
+  local split=${STOCK_SPLIT:-train.micro_batch_size=4 train.grad_accum_steps=4 parallel.activation_checkpointing=full}
   # shellcheck disable=SC2086
-  stock 8b-qlora-stock-liger-compile 200 $qlora $m8 $split --liger --qlora --compile \
-    --memory-limit-gib "$lim"
+  stock "8b-qlora-stock-liger-compile${STOCK_TAG:+-$STOCK_TAG}" "${STOCK_S:-200}" $qlora $m8 $split \
+    --liger --qlora --compile --memory-limit-gib "$lim"
 }
 qlora_8b_host() {  # after the host-time cuts (documents' bounds on the host, the 4-bit rebuild
   # in one kernel): stock compiled first (the call's anchor), then zerofit's splits of 16 rows
