@@ -1,5 +1,6 @@
 source benchmarks/device_prelude.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
+python3 -c "import inspect,torch.nn.attention.varlen as v; print(inspect.signature(v.varlen_attn))" | tee $OUT/varlen-signature.txt; python3 -c "import inspect,torch.nn.attention.varlen as v; print(inspect.getsource(v))" > $OUT/varlen-source.py.txt
 python3 benchmarks/sft_fixture.py /tmp/fx --shapes 8b > /dev/null
 rm -rf /tmp/p
 run_stock() { DEADLINE=$((575 - SECONDS)) WARMUP=3 STEPS=4 STOCK_TAG=$1 STOCK_SPLIT="$2" STOCK_S=$3 bash benchmarks/sft_h200.sh qlora-8b-stock /tmp/fx /tmp/p 2>&1 | tail -1 | cut -c1-300; echo "stock $1 done $SECONDS"; }
