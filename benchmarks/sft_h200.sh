@@ -250,7 +250,7 @@ dpo_1b() {  # 1B full DPO; zerofit's reference precomputed over the first 2M tok
     --variant "full, 2 pairs x 4: train.micro_batch_size=2 train.grad_accum_steps=4"
 }
 qlora_recompute() {  # issue 26's lever after the kernel (docs/benchmarks/2026-12-07-qlora-kernel-h100.md):
-  # 8B 2 x 8 under the LIMIT GiB cap recomputing the first k blocks for each k of KS (default
+  # 8B 2 x 8 under the LIMIT GiB cap recomputing the first k blocks (0: none) for each k of KS (default
   # "4 8 12"; the planner picked 12, forecasting 18.58 GiB for a 17.09 GiB peak): step time and
   # peak memory per k, for the planner's forecast beside them. PEAK=GiB adds k=12 capped at that
   # (below its peak): its OOM snapshot (oom_snapshot_rank0.pickle, read by benchmarks/oom_top.py)
@@ -258,7 +258,11 @@ qlora_recompute() {  # issue 26's lever after the kernel (docs/benchmarks/2026-1
   local lim=${LIMIT:-23} k variants=()
   local two="parallel.backend=ddp train.micro_batch_size=2 train.grad_accum_steps=8"
   for k in ${KS:-4 8 12}; do
-    variants+=(--variant "2 x 8, first $k: $two parallel.activation_checkpointing=first_k parallel.ac_blocks=$k")
+    if [ "$k" = 0 ]; then
+      variants+=(--variant "2 x 8, no AC: $two parallel.activation_checkpointing=none")
+    else
+      variants+=(--variant "2 x 8, first $k: $two parallel.activation_checkpointing=first_k parallel.ac_blocks=$k")
+    fi
   done
   if [ -n "${PEAK:-}" ]; then
     variants+=(--variant "2 x 8, first 12 at $PEAK GiB: $two parallel.activation_checkpointing=first_k parallel.ac_blocks=12 train.gpu_memory_limit=${PEAK}GiB")

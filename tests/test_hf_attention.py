@@ -52,11 +52,20 @@ def _loss_and_grads(model: torch.nn.Module, batch: tuple) -> tuple[float, dict]:
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("branch", ["kernel", "dense", "dense-pre-ampere"])
+def _same_heads_only(q, k, v, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    """A kernel that refuses fewer key/value heads than query heads."""
+    if q.shape[1] != k.shape[1]:
+        raise RuntimeError("number of heads in key/value must equal query's")
+    return _per_document_reference(q, k, v, *args, **kwargs)
+
+
+@pytest.mark.parametrize("branch", ["kernel", "kernel-same-heads", "dense", "dense-pre-ampere"])
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma"])
 def test_varlen_branch_equals_transformers_masked_sdpa(
     family: str, branch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A kernel that takes grouped key/value heads gets them as they are (SIZES: 2 for 4 query
+    heads); one that refuses them gets them repeated. Either way, transformers' numbers."""
     folder, reference = _saved(tmp_path, family)
     model = _ours(folder, reference)
     assert model.varlen and model.hf.config._attn_implementation == va.NAME
@@ -64,26 +73,66 @@ def test_varlen_branch_equals_transformers_masked_sdpa(
     want_loss, want_grads = _loss_and_grads(model, batch)  # CPU: transformers' mask + SDPA
 
     calls = []
+    kernel = _same_heads_only if branch == "kernel-same-heads" else _per_document_reference
 
     def fake_varlen(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        calls.append(args[3].tolist())
-        return _per_document_reference(*args, **kwargs)
+        calls.append((args[3].tolist(), args[1].shape[1]))
+        return kernel(*args, **kwargs)
 
     monkeypatch.setattr(va, "runs_varlen", lambda device: True)
     monkeypatch.setattr(hf_head, "runs_varlen", lambda device: True)
     monkeypatch.setattr(va, "_varlen", lambda: fake_varlen)
-    if branch in ("kernel", "dense-pre-ampere"):  # fp32 stands in for bf16 here
+    monkeypatch.setattr(va, "_GQA", {})
+    if branch != "dense":  # fp32 stands in for bf16 here
         monkeypatch.setattr(va, "HALF", (torch.float32,))
     monkeypatch.setattr(va, "_flash_capable", lambda device: branch != "dense-pre-ampere")
     loss, grads = _loss_and_grads(model, batch)
     layers = SIZES["num_hidden_layers"]
-    if branch == "kernel":  # every layer, the same documents: 10+9+5 and 17+7 tokens
-        assert calls == [[0, 10, 19, 24, 41, 48]] * layers
-    else:
-        assert calls == []
+    documents = [0, 10, 19, 24, 41, 48]  # every layer, the same documents: 10+9+5 and 17+7 tokens
+    in_layers = [c for c in calls if c[0] == documents]
+    if branch == "kernel":
+        assert in_layers == [(documents, SIZES["num_key_value_heads"])] * layers
+    elif branch == "kernel-same-heads":
+        assert in_layers == [(documents, SIZES["num_attention_heads"])] * layers
+    else:  # (prime's probe of the kernel may have run: not in a layer)
+        assert in_layers == []
     assert loss == pytest.approx(want_loss, rel=1e-6)
     for name, g in grads.items():
         torch.testing.assert_close(g, want_grads[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _tiled_heads(q, k, v, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    """A kernel that pairs query head h with key/value head h % Hkv, not h // (H/Hkv)."""
+    rep = q.shape[1] // k.shape[1]
+    return _per_document_reference(q, k.repeat(1, rep, 1), v.repeat(1, rep, 1), *args, **kwargs)
+
+
+def _with_enable_gqa(q, k, v, *args, enable_gqa: bool = False, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    raise AssertionError("a kernel that names enable_gqa is taken at its word, not run")
+
+
+@pytest.mark.parametrize(
+    ("kernel", "native"),
+    [(_per_document_reference, True), (_same_heads_only, False), (_tiled_heads, False)],
+)
+def test_grouped_heads_go_as_they_are_only_where_the_kernel_computes_them(
+    kernel, native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001
+    """``prime`` finds out once per device whether the kernel takes fewer key/value heads: by
+    name (``enable_gqa``, torch >= 2.13), else by comparing a small problem's output and input
+    gradients with the heads repeated. A kernel that refuses them, or groups them otherwise
+    than repeat_interleave does, gets them repeated."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(va, "_GQA", {})
+    monkeypatch.setattr(va, "_flash_capable", lambda device: True)
+    monkeypatch.setattr(va, "_varlen", lambda: kernel)
+    with torch.no_grad():  # as in an evaluation's forward
+        va.prime(cpu)
+    assert {cpu: native} == va._GQA
+    monkeypatch.setattr(va, "_GQA", {})
+    monkeypatch.setattr(va, "_varlen", lambda: _with_enable_gqa)
+    va.prime(cpu)
+    assert {cpu: True} == va._GQA
 
 
 def test_bounds_computed_on_the_host_are_used_as_given(

@@ -76,6 +76,7 @@ def runs_varlen(device: torch.device | str) -> bool:
 # for a `functools.cache` wrapper.
 _FLASH: dict[torch.device, bool] = {}
 _PARAMS: dict[Any, frozenset[str]] = {}
+_GQA: dict[torch.device, bool] = {}  # varlen_attn takes fewer key/value heads as they are
 _PREPARED: dict[torch.device, torch.Tensor] = {}
 
 
@@ -122,6 +123,38 @@ def prime(device: torch.device) -> None:
     fn = _varlen()
     if fn is not None:
         _params(fn)
+        if device not in _GQA:
+            _GQA[device] = "enable_gqa" in _params(fn) or _gqa_native(fn, device)
+
+
+def _gqa_native(fn: Any, device: torch.device) -> bool:
+    """Whether ``fn`` computes grouped-query attention from fewer key/value heads without being
+    told (torch 2.11's ``varlen_attn`` has no ``enable_gqa``, but its FlashAttention kernels
+    take Hkv < H heads): its output and input gradients on a small problem against the same
+    with the key/value heads repeated. Expanding them for every layer keeps H/Hkv times their
+    bytes saved for backward (+3 bytes a token and hidden unit at Llama-3-8B's 32/8 heads)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(32, h, 64, generator=gen).to(device, dtype) for h in (4, 2, 2))
+    cu = torch.tensor([0, 20, 32], dtype=torch.int32, device=device)
+
+    def run(expand: bool) -> list[torch.Tensor]:
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        kk, vv = leaves[1:]
+        if expand:
+            kk, vv = kk.repeat_interleave(2, dim=1), vv.repeat_interleave(2, dim=1)
+        out = _call(fn, leaves[0], kk, vv, cu, 20, None)
+        out.float().square().sum().backward()
+        return [out.detach(), *(x.grad for x in leaves)]
+
+    # (prime runs in any forward: an evaluation's no_grad or a reference pass's too)
+    with torch.enable_grad(), torch.autocast(device.type, enabled=False):
+        try:
+            got = run(expand=False)
+        except (RuntimeError, ValueError):  # the kernel refuses mismatched head counts
+            return False
+        want = run(expand=True)
+    return all(torch.allclose(a.float(), b.float(), rtol=0.05, atol=0.05) for a, b in zip(got, want, strict=True))  # fmt: skip
 
 
 def _params(fn: Any) -> frozenset[str]:
@@ -132,17 +165,22 @@ def _params(fn: Any) -> frozenset[str]:
 
 
 def _varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float | None) -> torch.Tensor:  # fmt: skip
-    """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D], causal within each document."""
+    """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D], causal within each document. The key/value
+    heads go as they are where the kernel takes them (``prime`` found out), else repeated."""
     fn = _varlen()
     assert fn is not None
+    if q.shape[1] != k.shape[1] and not _GQA.get(q.device, False):
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return _call(fn, q, k, v, cu, max_len, scale)
+
+
+def _call(fn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float | None) -> torch.Tensor:  # fmt: skip
+    """``fn`` (a torch ``varlen_attn``), causal, in the keywords this torch's version takes."""
     params = _params(fn)
     kwargs: dict[str, Any] = {"scale": scale}
-    if q.shape[1] != k.shape[1]:
-        if "enable_gqa" in params:
-            kwargs["enable_gqa"] = True
-        else:
-            rep = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    if q.shape[1] != k.shape[1] and "enable_gqa" in params:
+        kwargs["enable_gqa"] = True
     if "window_size" in params:
         kwargs["window_size"] = (-1, 0)
     else:
