@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from zerofit.backends.terms import Workload
+from zerofit.backends.terms import Adapters, Workload
 from zerofit.config import with_fields
 from zerofit.distributed.ac_blocks import checkpointed_blocks
 from zerofit.errors import UserError
 from zerofit.launch.run_config import config_from_dict
-from zerofit.models.shape import shape_from_preset
+from zerofit.models.shape import ModelShape, shape_from_preset
 from zerofit.planner.memory import (
     Strategy,
     activation_parts,
@@ -133,3 +133,27 @@ def test_overrides_clear_or_set_ac_blocks() -> None:
     assert (first.parallel.activation_checkpointing, first.parallel.ac_blocks) == ("first_k", 3)
     every = with_fields(cfg, fsdp("every_k", ac_every=4).overrides())
     assert (every.parallel.ac_every, every.parallel.ac_blocks) == (4, None)
+
+
+def test_a_compiled_lora_block_keeps_what_the_cpu_listing_lists() -> None:
+    """A compiled block over a frozen base with LoRA dropout keeps its input, the residual after
+    attention, the rotated q and the attention output, k and v, the gate and up outputs, the
+    log-sum-exp and two rsqrt, beside the adapters' rank-r outputs and masks: 24.45 bytes a token
+    and hidden unit in the tensor-by-tensor CPU listing of that block (hidden 1,024 with
+    Llama-3-8B's proportions, r16 on 7 layers: docs/benchmarks/data/2026-12-07-qlora-kernel-h200/
+    cpu-block/block-saved.json). The planner counted 30.45: the norms' outputs, which no weight
+    gradient needs, and the down projection's input. Eager and without dropout it is unchanged."""
+    m = ModelShape("cpu-block", 1, 1024, 8, 2, 3584, 1024)
+    lora = Adapters(0, 16, 7, 6 * 1024 + 3584, rebuilt_inputs=3584)
+    w = Workload(1, 512, 1, lora=lora)
+    compiled = Strategy.of("ddp", activation_checkpointing="none", compile=True)
+    per = activation_parts(m, w, compiled)[0] / (w.tokens * m.dim)
+    assert per == pytest.approx(24.4453125, abs=1e-6)
+    eager = replace(compiled, compile=False)
+    plain = block_activation_bytes(m, w.tokens, 2) + lora.activation_bytes(w.tokens, 2)
+    assert activation_parts(m, w, eager)[0] == pytest.approx(plain)
+    no_dropout = replace(w, lora=replace(lora, block_inputs=0))
+    before = block_activation_bytes(m, 512, 2, True) + replace(
+        lora, block_inputs=0
+    ).activation_bytes(512, 2, True)
+    assert activation_parts(m, no_dropout, compiled)[0] == pytest.approx(before)

@@ -40,9 +40,12 @@ class Adapters:
         (``rebuilt_inputs``), and its frozen base keeps nothing: that input is not kept at all;
         compiled without dropout the compiler keeps it all the same
         (benchmarks/lora_block_bytes.py)."""
-        kept = self.per_block * self.rank * e_c + self.block_inputs / 8
         rebuilt = 0 if compiled and not self.block_inputs else self.rebuilt_inputs
-        return tokens * (kept - rebuilt * e_c)
+        return tokens * (self.kept_bytes(e_c) - rebuilt * e_c)
+
+    def kept_bytes(self, e_c: int) -> float:
+        """Per token, in one block: A's outputs (rank r each) and the dropout masks in bits."""
+        return self.per_block * self.rank * e_c + self.block_inputs / 8
 
 
 @dataclass(frozen=True)

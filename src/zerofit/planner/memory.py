@@ -262,9 +262,24 @@ def activation_parts(m: ModelShape, w: Workload, s: Strategy) -> tuple[float, fl
     return sum(block_saved(m, w, s)), inflight_bytes(m, w, s), tail
 
 
+def lora_block_bytes(m: ModelShape, tokens: int, e_c: int) -> float:
+    """What one compiled block of a frozen base with LoRA dropout keeps, the adapters' rank-r
+    outputs and masks apart: its input, the residual after attention, the rotated q and the
+    attention output, k and v, the gate and up outputs (the down projection's input is rebuilt
+    from them), SDPA's log-sum-exp and two fp32 rsqrt. No weight gradient needs the norms'
+    outputs: the compiler rebuilds them from the input and the rsqrt. Listed tensor by tensor
+    on CPU (24.45 bytes a token and hidden unit with the adapters) and measured on an H100 at
+    8B (24.43: docs/benchmarks/2026-12-08-qlora-recompute.md)."""
+    q = m.n_heads * m.head_dim
+    kv = m.n_kv_heads * m.head_dim
+    return tokens * (e_c * (2 * m.dim + 2 * q + 2 * kv + 2 * m.ffn_dim) + 8 + 4 * m.n_heads)
+
+
 def _block_bytes(m: ModelShape, w: Workload, s: Strategy) -> float:
     """All one block saves for backward (with LoRA, its adapters' activations too)."""
     e_c = BYTES[w.compute_dtype]
+    if w.lora and s.compile and w.lora.block_inputs:  # compiled, with dropout
+        return lora_block_bytes(m, w.tokens, e_c) + w.tokens * w.lora.kept_bytes(e_c)
     per_block = block_activation_bytes(m, w.tokens, e_c, s.compile)
     adapters = w.lora.activation_bytes(w.tokens, e_c, s.compile) if w.lora else 0.0
     return per_block + adapters
