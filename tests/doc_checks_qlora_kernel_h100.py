@@ -83,18 +83,6 @@ def profile() -> dict[str, list]:
     }
 
 
-def readme_qlora() -> list[str]:
-    """The README's QLoRA sentence: call 10's planned split against stock, and its memory."""
-    rows = runs64()
-    stock, ours = rows["stock, compiled + Liger, 4 x 4, full AC"], rows[KERNEL64]
-    return [
-        f"runs {ours[0]:,.0f} real tokens/s at {ours[2]:.2f} GiB",
-        f"{ours[3]:.3f}x transformers + PEFT + bitsandbytes + Liger Kernel compiled in the same call "
-        f"({stock[0]:,.0f} at {stock[2]:.2f} GiB)",
-    ]
-
-
-README_QLORA = ([DIR + "call10/all-results.json"], readme_qlora)
 PLANS = [DIR + f"plans-recompute/first-{k}.json" for k in (4, 8, 12)]
 
 

@@ -75,9 +75,12 @@ from doc_checks_qlora5 import QLORA5
 from doc_checks_qlora_kernel import DOC as QLORA_KERNEL_DOC
 from doc_checks_qlora_kernel import QLORA_KERNEL
 from doc_checks_qlora_kernel_h100 import DOC as QLORA_KERNEL_H100_DOC
-from doc_checks_qlora_kernel_h100 import QLORA_KERNEL_H100, README_QLORA
+from doc_checks_qlora_kernel_h100 import QLORA_KERNEL_H100
 from doc_checks_qlora_rebuild import DOC as QLORA_REBUILD_DOC
 from doc_checks_qlora_rebuild import QLORA_REBUILD
+from doc_checks_qlora_recompute import DOC as QLORA_RECOMPUTE_DOC
+from doc_checks_qlora_recompute import QLORA_RECOMPUTE
+from doc_checks_qlora_recompute import README_QLORA as README_QLORA_RECOMPUTE
 from doc_checks_speed2 import DOC as S2_DOC
 from doc_checks_speed2 import INDEX_HELDOUT, INDEX_SPEED2, INDEX_ZERO3, README_8B, SPEED2
 from doc_checks_speed2b import DOC as S2B_DOC
@@ -829,7 +832,10 @@ CHECKS.update({name: Check(QLORA_KERNEL_DOC, d, fn) for name, (d, fn) in QLORA_K
 CHECKS.update(
     {name: Check(QLORA_KERNEL_H100_DOC, d, f, k) for name, (d, f, k) in QLORA_KERNEL_H100.items()}
 )
-CHECKS["readme-qlora"] = Check(README, *README_QLORA)
+CHECKS.update(
+    {name: Check(QLORA_RECOMPUTE_DOC, d, f, k) for name, (d, f, k) in QLORA_RECOMPUTE.items()}
+)
+CHECKS["readme-qlora"] = Check(README, *README_QLORA_RECOMPUTE)
 CHECKS["readme-dpo"] = Check(README, *README_DPO)
 CHECKS["readme-nvme"] = Check(README, *README_NVME)
 CHECKS.update({name: Check(DPO_DOC, d, fn, key) for name, (d, fn, key) in DPO_CURVE.items()})
