@@ -32,9 +32,10 @@ for shape in [(128, 128), (256, 512), (64, 3072)]:
 
 
 def test_the_interpreted_kernel_gives_the_torch_ops_bits() -> None:
-    pytest.importorskip("triton")
+    triton = pytest.importorskip("triton")
     pytest.importorskip("torchao.quantization")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(SRC)}
+    found = Path(triton.__file__).parents[1]  # where Triton was found, for the child too
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{found}"}
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600
     )

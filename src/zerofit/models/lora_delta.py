@@ -30,7 +30,17 @@ import torch.nn.functional as F
 from zerofit.models.autocast import linear_inputs
 from zerofit.models.lean_ops import fused, swiglu_grads, swiglu_values
 
+try:
+    from zerofit.models.dropout_kernel import keep_mask, new_seed  # optional: Triton (CUDA torch)
+except ImportError:  # no Triton: torch's bernoulli everywhere
+    keep_mask = new_seed = None  # type: ignore[assignment]
+
 NO_MASK = 0  # packed mask length when nothing is dropped
+# The keep mask on CUDA drawn packed by dropout_kernel's Triton kernel (an eighth of the Philox
+# work of bernoulli_). Off until tests/test_gpu_dropout.py passes on a GPU: torch's bernoulli_,
+# then packed, everywhere.
+USE_MASK_KERNEL = False
+MASK_DEVICES = ("cuda",)  # where the kernel runs (a CPU test puts a stand-in op there)
 
 
 def pack_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -57,9 +67,13 @@ def _delta_fwd(
     packed = x.new_empty(NO_MASK, dtype=torch.uint8)
     dropped = x
     if dropout > 0:
-        mask = torch.empty_like(x, dtype=torch.bool).bernoulli_(1 - dropout)
+        if USE_MASK_KERNEL and keep_mask is not None and x.device.type in MASK_DEVICES:
+            packed = keep_mask(new_seed(x.device), x.numel(), dropout)
+            mask = unpack_mask(packed, x)
+        else:
+            mask = torch.empty_like(x, dtype=torch.bool).bernoulli_(1 - dropout)
+            packed = pack_mask(mask)
         dropped = x * mask / (1 - dropout)
-        packed = pack_mask(mask)
     h = F.linear(dropped, a)
     return F.linear(h, b) * scale, packed, h
 
