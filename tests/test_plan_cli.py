@@ -221,6 +221,9 @@ def test_just_under_the_card_is_not_a_fit() -> None:
     tight = Hardware(1, int(need / 0.95), cpu_mem=0)  # needs 95% of the card
     o = evaluate(m, w, tight, s)
     assert not o.fits and "usable of" in o.why_not
+    assert "within the card" in o.why_not  # inside the margin kept free, not over the card
+    over = evaluate(m, w, Hardware(1, int(need / 1.05), cpu_mem=0), s)
+    assert not over.fits and "within the card" not in over.why_not
     assert evaluate(m, w, Hardware(1, int(need / 0.89), cpu_mem=0), s).fits
 
 

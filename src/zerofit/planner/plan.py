@@ -164,9 +164,11 @@ def evaluate(m: ModelShape, w: Workload, hw: Hardware, s: Strategy) -> Option:
     reasons = []
     usable = hw.gpu_mem * (1 - HEADROOM)
     if mem.peak_reserved > usable:
+        inside = mem.peak_reserved <= hw.gpu_mem
         reasons.append(
             f"needs {mem.peak_reserved / GIB:.1f} GiB per GPU, over the {usable / GIB:.1f} GiB "
             f"usable of {hw.gpu_mem / GIB:.1f}"
+            + (" (within the card: it may run where nothing else uses it)" if inside else "")
         )
     host = _host_reason(mem, hw)
     if host:
