@@ -13,8 +13,8 @@ Element ``8 i + j`` is kept when draw ``j`` of byte ``i`` (the low half of word 
 even ``j``, the high half for odd) is at least ``round(p * 65536)``: it is dropped with
 probability ``round(p * 65536) / 65536`` (0.0500031 for p = 0.05), within 8e-6 of ``p`` for any
 ``p``. The seed is a one-element tensor drawn from torch's generator, so ``torch.manual_seed``
-and activation checkpointing's saved RNG state replay the same mask. tests/test_gpu_lora.py checks
-it on a GPU; tests/test_dropout_kernel_interpreted.py runs it in Triton's CPU interpreter.
+and activation checkpointing's saved RNG state replay the same mask. tests/test_gpu_dropout.py
+checks it on a GPU; tests/test_dropout_kernel.py runs it in Triton's CPU interpreter.
 """
 
 from __future__ import annotations
