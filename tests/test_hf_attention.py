@@ -133,6 +133,13 @@ def test_grouped_heads_go_as_they_are_only_where_the_kernel_computes_them(
     monkeypatch.setattr(va, "_varlen", lambda: _with_enable_gqa)
     va.prime(cpu)
     assert {cpu: True} == va._GQA
+    # before Ampere the kernel does not run at all (the dense fallback does): nothing to probe
+    monkeypatch.setattr(va, "_GQA", {})
+    monkeypatch.setattr(va, "_flash_capable", lambda device: False)
+    monkeypatch.setattr(va, "_varlen", lambda: _same_heads_only)
+    monkeypatch.setattr(va, "_gqa_native", lambda fn, device: pytest.fail("probed"))
+    va.prime(cpu)
+    assert {cpu: False} == va._GQA
 
 
 def test_bounds_computed_on_the_host_are_used_as_given(

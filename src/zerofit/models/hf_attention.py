@@ -123,8 +123,9 @@ def prime(device: torch.device) -> None:
     fn = _varlen()
     if fn is not None:
         _params(fn)
-        if device not in _GQA:
-            _GQA[device] = "enable_gqa" in _params(fn) or _gqa_native(fn, device)
+        if device not in _GQA:  # (the kernel runs from Ampere on: no probe before)
+            named = "enable_gqa" in _params(fn)
+            _GQA[device] = named or (_flash_capable(device) and _gqa_native(fn, device))
 
 
 def _gqa_native(fn: Any, device: torch.device) -> bool:
