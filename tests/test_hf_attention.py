@@ -130,6 +130,10 @@ def test_grouped_heads_go_as_they_are_only_where_the_kernel_computes_them(
         va.prime(cpu)
     assert {cpu: native} == va._GQA
     monkeypatch.setattr(va, "_GQA", {})
+    with torch.inference_mode():  # a first forward in inference mode finds the same
+        va.prime(cpu)
+    assert {cpu: native} == va._GQA
+    monkeypatch.setattr(va, "_GQA", {})
     monkeypatch.setattr(va, "_varlen", lambda: _with_enable_gqa)
     va.prime(cpu)
     assert {cpu: True} == va._GQA

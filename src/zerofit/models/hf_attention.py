@@ -135,12 +135,12 @@ def _gqa_native(fn: Any, device: torch.device) -> bool:
     with the key/value heads repeated. Expanding them for every layer keeps H/Hkv times their
     bytes saved for backward (+3 bytes a token and hidden unit at Llama-3-8B's 32/8 heads)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    q, k, v = (torch.randn(32, h, 64, generator=gen).to(device, dtype) for h in (4, 2, 2))
-    cu = torch.tensor([0, 20, 32], dtype=torch.int32, device=device)
 
     def run(expand: bool) -> list[torch.Tensor]:
-        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        shapes = ((32, 4, 64), (32, 2, 64), (32, 2, 64))  # q, k, v: 4 query heads, 2 key/value
+        leaves = [torch.randn(s, generator=gen).to(device, dtype).requires_grad_() for s in shapes]
+        cu = torch.tensor([0, 20, 32], dtype=torch.int32, device=device)
         kk, vv = leaves[1:]
         if expand:
             kk, vv = kk.repeat_interleave(2, dim=1), vv.repeat_interleave(2, dim=1)
@@ -148,8 +148,8 @@ def _gqa_native(fn: Any, device: torch.device) -> bool:
         out.float().square().sum().backward()
         return [out.detach(), *(x.grad for x in leaves)]
 
-    # (prime runs in any forward: an evaluation's no_grad or a reference pass's too)
-    with torch.enable_grad(), torch.autocast(device.type, enabled=False):
+    # (prime runs in any forward: an evaluation's no_grad, inference mode, a reference pass's)
+    with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):  # fmt: skip
         try:
             got = run(expand=False)
         except (RuntimeError, ValueError):  # the kernel refuses mismatched head counts
