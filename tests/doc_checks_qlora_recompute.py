@@ -134,8 +134,7 @@ def heldout() -> dict[str, list]:
 def per_block() -> dict[str, list]:
     """Bytes a block keeps, per token and hidden unit: call 13's peak per block recomputed less
     (0 to 4 blocks, 4,096 tokens of hidden 4,096; a recomputed block keeps its 2-byte input),
-    the CPU listing's, and the planner's before (committed check of the 2026-12-07 page) and
-    now (test_planner_ac)."""
+    and the CPU listing's."""
     res = {r["name"]: r["mem_alloc_gib"] for r in _results(13)[ZEROFIT]["results"]}
     gpu = (res["2 x 8, no AC"] - res["2 x 8, first 4"]) / 4 * 2**30 / (4096 * 4096) + 2
     cpu = _load("2026-12-07-qlora-kernel-h200/cpu-block/block-saved.json")["ways"]["compiled"]

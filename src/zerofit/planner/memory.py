@@ -270,9 +270,8 @@ def lora_block_bytes(m: ModelShape, tokens: int, e_c: int) -> float:
     outputs: the compiler rebuilds them from the input and the rsqrt. Listed tensor by tensor
     on CPU (24.45 bytes a token and hidden unit with the adapters) and measured on an H100 at
     8B (24.43: docs/benchmarks/2026-12-08-qlora-recompute.md)."""
-    q = m.n_heads * m.head_dim
-    kv = m.n_kv_heads * m.head_dim
-    return tokens * (e_c * (2 * m.dim + 2 * q + 2 * kv + 2 * m.ffn_dim) + 8 + 4 * m.n_heads)
+    kv = m.n_kv_heads * m.head_dim  # (q is dim wide: ModelShape's n_heads * head_dim == dim)
+    return tokens * (e_c * (4 * m.dim + 2 * kv + 2 * m.ffn_dim) + 8 + 4 * m.n_heads)
 
 
 def _block_bytes(m: ModelShape, w: Workload, s: Strategy) -> float:
