@@ -1,6 +1,6 @@
 """LoRA dropout's keep mask drawn by the Triton kernel (``zerofit.models.dropout_kernel``) on
 CUDA: the keep rate and its bits, the same mask replayed by a compiled block under activation
-checkpointing, and its time against ``bernoulli_`` + packing (printed, not asserted).
+checkpointing (its time against ``bernoulli_`` + packing: benchmarks/dropout_mask.py).
 
 Marked `gpu` (tests/conftest.py skips them without CUDA); skipped too without Triton. The test
 that decides whether ``lora_delta.USE_MASK_KERNEL`` may be on.
@@ -78,33 +78,3 @@ def test_a_compiled_checkpointed_update_replays_the_kernels_mask(
         runs.append([out.detach(), x.grad, a.grad, b.grad])
     for got, want in zip(runs[1], runs[0], strict=True):
         assert torch.equal(got, want)
-
-
-def test_the_kernel_against_bernoulli_time() -> None:
-    """Printed: ms to draw the seven masks of one Llama-3-8B block at 2 x 2,048 tokens."""
-    import torch
-
-    ld = _kernel()
-    sizes = [4096 * 4096] * 6 + [4096 * 14336]
-    x = {n: torch.empty(n, device="cuda", dtype=torch.bfloat16) for n in set(sizes)}
-
-    def ours() -> None:
-        for n in sizes:
-            ld.keep_mask(ld.new_seed(x[n].device), n, 0.05)
-
-    def theirs() -> None:
-        for n in sizes:
-            ld.pack_mask(torch.empty_like(x[n], dtype=torch.bool).bernoulli_(0.95))
-
-    times = {}
-    for name, fn in (("kernel", ours), ("bernoulli + pack", torch.compile(theirs))):
-        for _ in range(3):
-            fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times[name] = start.elapsed_time(end) / 20
-    print(f"one 8B block's masks: {times}")
